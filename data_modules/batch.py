@@ -1,0 +1,60 @@
+"""The one batch schema every data module yields, so any family trains on any data set.
+
+A batch is a dict:
+  source          LongTensor (B, S): source pieces, right-padded with pad; S may be 0 (plain LM data)
+  source_lengths  LongTensor (B,)
+  target          LongTensor (B, T): target pieces, right-padded with pad
+  target_lengths  LongTensor (B,)
+  source_text     list[str]: the original source strings (for printing examples)
+  target_text     list[str]: the original reference strings (for BLEU / chrF / exact match)
+
+Pieces carry no bos / eos / sep: each family frames them its own way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Ids of the tokenizer's special pieces, linked from the data module into the model."""
+
+    pad: int = 0
+    unk: int = 1
+    bos: int = 2
+    eos: int = 3
+    sep: int = 4
+    mask: int = 5
+
+
+@dataclass(frozen=True)
+class Example:
+    source: list[int]
+    target: list[int]
+    source_text: str
+    target_text: str
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad integer sequences into a (B, max_len) tensor and return it with the lengths."""
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    out = torch.full((len(seqs), int(lengths.max()) if len(seqs) else 0), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out, lengths
+
+
+def collate(examples: list[Example], pad_id: int) -> dict:
+    source, source_lengths = pad_sequences([e.source for e in examples], pad_id)
+    target, target_lengths = pad_sequences([e.target for e in examples], pad_id)
+    return {
+        "source": source,
+        "source_lengths": source_lengths,
+        "target": target,
+        "target_lengths": target_lengths,
+        "source_text": [e.source_text for e in examples],
+        "target_text": [e.target_text for e in examples],
+    }

@@ -1,0 +1,1 @@
+"""attnlab: compare and ablate transformer families with Lightning."""
