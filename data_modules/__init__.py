@@ -1,0 +1,12 @@
+"""attnlab's data: LightningDataModules that all yield the one batch schema of `batch.py`."""
+from data_modules.batch import Example, SpecialIds, collate
+from data_modules.tokenizer import Tokenizer, train_tokenizer
+from data_modules.base import TokenizedDataModule
+from data_modules.number_words import NumberWordsDataModule
+from data_modules.parallel import Multi30kDataModule, ParallelTextDataModule
+from data_modules.text import TextDataModule
+
+__all__ = [
+    "SpecialIds", "Example", "collate", "Tokenizer", "train_tokenizer", "TokenizedDataModule",
+    "NumberWordsDataModule", "ParallelTextDataModule", "Multi30kDataModule", "TextDataModule",
+]

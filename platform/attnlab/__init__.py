@@ -1,1 +1,11 @@
 """attnlab: compare and ablate transformer families with Lightning."""
+from attnlab.components import BackboneConfig
+from attnlab.errors import AttnlabError, ConfigError, DataError
+from attnlab.generation import SamplingConfig
+from attnlab.modules import DecoderOnly, FamilyModule
+from attnlab.modules.optim import OptimizerConfig
+
+__all__ = [
+    "AttnlabError", "BackboneConfig", "ConfigError", "DataError", "DecoderOnly", "FamilyModule",
+    "OptimizerConfig", "SamplingConfig",
+]

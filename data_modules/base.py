@@ -1,0 +1,172 @@
+"""The shared LightningDataModule: (source, target) text pairs in, schema batches out.
+
+A subclass only says where its pairs come from (`_load_splits`) and what identifies them
+(`_fingerprint`); the base trains or loads the cached tokenizer, tokenizes each split once and
+serves the loaders. `vocab_size` works right after construction because the model is sized
+from it through a config link, before the Trainer calls any hook.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from attnlab.errors import ConfigError, DataError
+from data_modules.batch import Example, SpecialIds, collate
+from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
+
+Pairs = list[tuple[str, str]]
+
+
+def _check_positive(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"data.init_args.{name} = {value!r}: must be an integer >= {minimum}")
+
+
+class TokenizedDataModule(L.LightningDataModule):
+    """Base of every attnlab data module; see the module docstring for the contract."""
+
+    # What to tell a user who asks for the test split of a data set that has none.
+    test_split_hint = "this data module has no test split"
+
+    def __init__(
+        self,
+        vocab_size: int = 1000,
+        tokenizer_type: str = "unigram",
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        max_eval_examples: int | None = None,
+    ):
+        super().__init__()
+        # No save_hyperparameters(): the requested vocab_size would clash with the model's real
+        # one when Lightning merges data and model hparams for the logger.
+        check_tokenizer_args(vocab_size, tokenizer_type)
+        _check_positive("batch_size", batch_size)
+        _check_positive("eval_batch_size", eval_batch_size)
+        _check_positive("num_workers", num_workers, minimum=0)
+        if max_eval_examples is not None:
+            _check_positive("max_eval_examples", max_eval_examples)
+        self.requested_vocab_size = vocab_size
+        self.tokenizer_type = tokenizer_type
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.cache_dir = cache_dir
+        self.max_eval_examples = max_eval_examples
+        self._tokenizer: Tokenizer | None = None
+        self._examples: dict[str, list[Example]] | None = None
+
+    # ---- what subclasses provide -------------------------------------------------------------
+
+    def _load_splits(self) -> dict[str, Pairs]:
+        """(source_text, target_text) pairs for "train", "val" and optionally "test"."""
+        raise NotImplementedError
+
+    def _fingerprint(self) -> str:
+        """A cheap identity of the training data (file hash or generator parameters)."""
+        raise NotImplementedError
+
+    def _tokenizer_texts(self, train: Pairs):
+        """The texts the tokenizer learns from: every non-empty train source and target."""
+        for source, target in train:
+            if source:
+                yield source
+            if target:
+                yield target
+
+    def _make_examples(self, split: str, pairs: Pairs, tokenizer: Tokenizer) -> list[Example]:
+        """Tokenize one split; override to cut the text differently (see TextDataModule)."""
+        sources = tokenizer.encode_batch([s for s, _ in pairs])
+        targets = tokenizer.encode_batch([t for _, t in pairs])
+        return [Example(s, t, st, tt) for s, t, (st, tt) in zip(sources, targets, pairs)]
+
+    # ---- lazy preparation --------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        if self._examples is not None:
+            return
+        name = type(self).__name__
+        splits = self._load_splits()
+        for split in ("train", "val"):
+            if not splits.get(split):
+                raise DataError(f"{name}: the {split} split has no examples; check its data files")
+        cache_dir = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+        tokenizer = train_tokenizer(
+            lambda: self._tokenizer_texts(splits["train"]),
+            vocab_size=self.requested_vocab_size,
+            model_type=self.tokenizer_type,
+            cache_dir=cache_dir,
+            fingerprint=f"{type(self).__module__}.{type(self).__qualname__}:{self._fingerprint()}",
+        )
+        examples = {}
+        for split, pairs in splits.items():
+            made = self._make_examples(split, pairs, tokenizer)
+            if split != "train" and self.max_eval_examples is not None:
+                made = made[: self.max_eval_examples]
+            if not made:
+                raise DataError(f"{name}: the {split} split yields no examples after tokenization")
+            examples[split] = made
+        self._tokenizer, self._examples = tokenizer, examples
+
+    def prepare_data(self) -> None:
+        self._prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        self._prepare()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        self._prepare()
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's real size, which the model's embedding must match."""
+        return self.tokenizer.vocab_size
+
+    @property
+    def special_ids(self) -> SpecialIds:
+        return SpecialIds()  # fixed by contract; Tokenizer checks every model against it
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        self._prepare()
+        return tuple(self._examples)
+
+    def examples(self, split: str) -> list[Example]:
+        self._prepare()
+        if split not in self._examples:
+            if split == "test":
+                raise ConfigError(f"{type(self).__name__} has no test split: {self.test_split_hint}")
+            raise ValueError(f"unknown split {split!r}; this data module has {sorted(self._examples)}")
+        return self._examples[split]
+
+    # ---- loaders -----------------------------------------------------------------------------
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.examples(split),
+            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            shuffle=shuffle,  # seeded by Lightning's seed_everything (torch's global RNG)
+            drop_last=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=functools.partial(collate, pad_id=self.special_ids.pad),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        self._prepare()
+        return self._loader("test" if "test" in self._examples else "val", shuffle=False)

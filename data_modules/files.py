@@ -1,0 +1,90 @@
+"""Reading and writing data files, shared by every file-backed data module.
+
+One place decides what a readable data file is (UTF-8, optionally gzip, one example per line),
+so the parallel and the plain-text modules report the same mistakes the same way: naming the
+file, the config argument it came from, the line, and the fix.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+import zlib
+from pathlib import Path
+
+from attnlab.errors import DataError
+
+
+def require_file(path: str | Path, arg: str, hint: str = "") -> Path:
+    """Return `path` as a Path, or raise DataError naming it and the argument it came from."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        what = "is a directory, not a file" if p.is_dir() else "not found"
+        raise DataError(f"{arg}: {what}: {p} (resolved: {p.resolve()}). {hint}".rstrip())
+    return p
+
+
+def read_bytes(path: Path, arg: str) -> bytes:
+    """The file's bytes, gunzipped when the name ends in .gz."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(
+            f"{arg}: {path} is not a valid gzip file ({e}); "
+            "re-compress it with `gzip`, or drop the .gz suffix if it is plain text"
+        ) from e
+
+
+def read_lines(path: str | Path, arg: str, hint: str = "") -> list[str]:
+    """All lines of a UTF-8 text file (.gz accepted), trailing whitespace stripped.
+
+    Lines are split on "\\n" only (not on the Unicode separators str.splitlines knows), so two
+    aligned files stay aligned even when a sentence contains U+2028 or a form feed.
+    """
+    p = require_file(path, arg, hint)
+    data = read_bytes(p, arg)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{arg}: {p}, line {line}: bytes {data[e.start:e.end]!r} are not valid UTF-8; "
+            "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+        ) from e
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text.strip():
+        raise DataError(f"{arg}: {p} is empty; it must hold one example per line")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.rstrip() for line in lines]
+
+
+def sha256_files(paths: list[str | Path]) -> str:
+    """Hash of the files' bytes as stored (compressed or not): the identity of a data set."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write through a temp file and os.replace, so a crash or a second process never sees half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,95 @@
+"""Plain-text language-modelling data: a token stream cut into fixed-length chunks.
+
+Each non-empty line is encoded, lines are joined with eos, and the stream is cut into
+non-overlapping chunks of `seq_len` pieces (the tail is dropped). With `prompt_len > 0` a chunk
+becomes prompt (source) + continuation (target), so the conditional families train on it too.
+"""
+from __future__ import annotations
+
+from attnlab.errors import ConfigError, DataError
+from data_modules.base import Pairs, TokenizedDataModule
+from data_modules.batch import Example, SpecialIds
+from data_modules.files import read_lines, require_file, sha256_files
+from data_modules.tokenizer import Tokenizer
+
+
+class TextDataModule(TokenizedDataModule):
+    """UTF-8 text files (.gz accepted); the tokenizer learns from the lines of the train files."""
+
+    test_split_hint = "set data.init_args.test_files"
+
+    def __init__(
+        self,
+        train_files: list[str],
+        val_files: list[str],
+        test_files: list[str] | None = None,
+        seq_len: int = 128,
+        prompt_len: int = 0,
+        vocab_size: int = 1000,
+        tokenizer_type: str = "unigram",
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        max_eval_examples: int | None = None,
+    ):
+        super().__init__(
+            vocab_size=vocab_size, tokenizer_type=tokenizer_type, batch_size=batch_size,
+            eval_batch_size=eval_batch_size, num_workers=num_workers, cache_dir=cache_dir,
+            max_eval_examples=max_eval_examples,
+        )
+        for name, files in (("train_files", train_files), ("val_files", val_files), ("test_files", test_files)):
+            if files is None and name == "test_files":
+                continue
+            if isinstance(files, str) or not files:
+                raise ConfigError(f"data.init_args.{name} = {files!r}: must be a non-empty list of file paths")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ConfigError(f"data.init_args.seq_len = {seq_len!r}: must be an integer >= 1")
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len < seq_len:
+            raise ConfigError(
+                f"data.init_args.prompt_len = {prompt_len!r} with data.init_args.seq_len = {seq_len}: "
+                "prompt_len must be >= 0 and < seq_len, so every chunk keeps a continuation to predict"
+            )
+        self.files = {"train": list(train_files), "val": list(val_files)}
+        if test_files is not None:
+            self.files["test"] = list(test_files)
+        self.seq_len, self.prompt_len = seq_len, prompt_len
+
+    def _load_splits(self) -> dict[str, Pairs]:
+        named = [(split, f"data.init_args.{split}_files[{i}]", path)
+                 for split, paths in self.files.items() for i, path in enumerate(paths)]
+        for _, arg, path in named:  # every path first: fail before reading
+            require_file(path, arg)
+        splits: dict[str, Pairs] = {split: [] for split in self.files}
+        for split, arg, path in named:
+            splits[split].extend(("", line) for line in read_lines(path, arg) if line.strip())
+        return splits
+
+    def _fingerprint(self) -> str:
+        return sha256_files(self.files["train"])
+
+    def _make_examples(self, split: str, pairs: Pairs, tokenizer: Tokenizer) -> list[Example]:
+        eos = SpecialIds().eos
+        stream: list[int] = []
+        for ids in tokenizer.encode_batch([line for _, line in pairs]):
+            if stream:
+                stream.append(eos)
+            stream.extend(ids)
+        if len(stream) < self.seq_len:
+            raise DataError(
+                f"data.init_args.{split}_files hold {len(stream)} tokens, fewer than one chunk of "
+                f"data.init_args.seq_len = {self.seq_len}: add text or lower seq_len"
+            )
+        p = self.prompt_len
+        chunks = (stream[i : i + self.seq_len] for i in range(0, len(stream) - self.seq_len + 1, self.seq_len))
+        return [Example(c[:p], c[p:], _text(c[:p], tokenizer), _text(c[p:], tokenizer)) for c in chunks]
+
+
+def _text(ids: list[int], tokenizer: Tokenizer) -> str:
+    """Decoded text of a chunk, with a newline where an eos joined two lines."""
+    eos, lines, start = SpecialIds().eos, [], 0
+    for i, t in enumerate(ids + [eos]):
+        if t == eos:
+            lines.append(ids[start:i])
+            start = i + 1
+    return "\n".join(tokenizer.decode_batch(lines))

@@ -1,0 +1,100 @@
+"""The `attnlab` command: one entry point, a verb per job.
+
+Lightning verbs (fit / validate / test / predict) go to LightningCLI; `generate` loads a
+checkpoint and translates or continues text. User mistakes print one clear line and exit 2;
+`--debug` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnlab.errors import AttnlabError
+
+LIGHTNING_VERBS = {
+    "fit": "train a model: attnlab fit --config experiments/decoder_only.yaml",
+    "validate": "evaluate on the validation split (with --ckpt_path)",
+    "test": "evaluate on the test split (with --ckpt_path)",
+    "predict": "generate for the test split and write predictions.jsonl",
+}
+OTHER_VERBS = {
+    "generate": "load a checkpoint and translate / continue text from the command line or stdin",
+}
+
+HELP = """usage: attnlab <verb> [options]   (attnlab <verb> --help for a verb's options)
+
+Compare and ablate transformer families (decoder-only, encoder-decoder, block diffusion).
+
+verbs:
+{verbs}
+
+common options:
+  --config FILE   an experiment YAML (see experiments/); later flags override it,
+                  e.g. --trainer.max_epochs 3 --model.init_args.backbone.n_heads 4
+  --debug         show full tracebacks instead of one-line errors
+
+Runs are written to runs/<experiment>/<timestamp>/ (metrics.csv, config.yaml, checkpoints/);
+wandb logs online with credentials and offline without (--run.wandb disabled turns it off).
+"""
+
+
+def _help() -> str:
+    verbs = {**LIGHTNING_VERBS, **OTHER_VERBS}
+    return HELP.format(verbs="\n".join(f"  {name:<10} {text}" for name, text in verbs.items()))
+
+
+def generate_main(argv: list[str]) -> int:
+    from attnlab.checkpoint import load_checkpoint
+
+    parser = argparse.ArgumentParser(prog="attnlab generate", description=OTHER_VERBS["generate"])
+    parser.add_argument("checkpoint", help="a .ckpt written by attnlab fit")
+    parser.add_argument("text", nargs="*", help="inputs; read one per line from stdin when absent")
+    parser.add_argument("--temperature", type=float, help="0 = greedy (default: the model's setting)")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    module, _ = load_checkpoint(args.checkpoint)
+    for field in ("temperature", "top_k", "top_p", "max_new_tokens"):
+        if getattr(args, field) is not None:
+            setattr(module.sampling, field, getattr(args, field))
+    module.sampling.__post_init__()
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise AttnlabError("nothing to generate from: give text arguments or lines on stdin")
+    for output in module.translate(texts, batch_size=args.batch_size):
+        print(output)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if from_command_line:  # LightningCLI reads sys.argv itself; keep it free of our own flags
+        sys.argv = sys.argv[:1] + argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_help())
+        return 0
+    verb = argv[0]
+    try:
+        if verb in OTHER_VERBS:
+            return generate_main(argv[1:])
+        if verb not in LIGHTNING_VERBS:
+            print(f"attnlab: error: unknown verb {verb!r}\n\n{_help()}", file=sys.stderr)
+            return 2
+        from attnlab.lightning_cli import AttnlabCLI
+
+        AttnlabCLI(args=None if from_command_line else argv)
+        return 0
+    except AttnlabError as err:
+        if debug:
+            raise
+        print(f"attnlab: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

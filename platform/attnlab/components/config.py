@@ -1,0 +1,88 @@
+"""The backbone hyper-parameters of every family, validated up front so a typo costs seconds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from attnlab.errors import ConfigError
+
+CHOICES = {
+    "norm_position": ("post", "pre"),
+    "norm": ("layernorm", "rmsnorm"),
+    "activation": ("relu", "gelu", "swiglu"),
+    "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "backend": ("sdpa", "math"),
+}
+
+
+@dataclass
+class BackboneConfig:
+    """Shape of a transformer stack. Defaults are the paper's base model (Vaswani et al., 2017).
+
+    Configs name these as `model.init_args.backbone.<field>`.
+    """
+
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: Optional[int] = None  # None: = n_heads (MHA); fewer: GQA; 1: MQA
+    n_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    norm_position: str = "post"
+    norm: str = "layernorm"
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    max_positions: int = 1024  # size of the learned table; the limit of any run with `learned`
+    backend: str = "sdpa"
+    bias: bool = True
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
+    tie_embeddings: bool = True  # share input embedding and output projection
+
+    def __post_init__(self) -> None:
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(
+                    f"backbone.{name}={value!r} is not one of {', '.join(allowed)}: pick one of those"
+                )
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"backbone.{name}={getattr(self, name)!r} must be a positive integer")
+        if self.d_model % self.n_heads:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
+            raise ConfigError(
+                f"backbone.n_heads={self.n_heads} does not divide backbone.d_model={self.d_model}: "
+                f"choose n_heads among {divisors} or change d_model"
+            )
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"backbone.n_kv_heads={self.n_kv_heads} must divide backbone.n_heads={self.n_heads} "
+                "(n_heads for MHA, a divisor for GQA, 1 for MQA)"
+            )
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ConfigError(
+                f"backbone.positional=rope needs an even head size, but d_model/n_heads={self.head_dim}"
+            )
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"backbone.{name}={getattr(self, name)} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def coerce(cls, value: "BackboneConfig | dict | None") -> "BackboneConfig":
+        """Accept a dataclass (from the CLI) or a plain dict (from a checkpoint's hparams)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"unknown backbone field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**value)

@@ -1,0 +1,65 @@
+"""Autoregressive generation for the decoder-only model, with or without the KV cache."""
+from __future__ import annotations
+
+import torch
+
+from attnlab.generation.sampling import SamplingConfig, choose_next
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device=None):
+    """Left-pad so every row's next token lands in the same column; returns tokens and validity."""
+    width = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[i, width - len(p):] = True
+    return tokens, valid
+
+
+def strip_after_eos(rows: torch.Tensor, eos_id: int) -> list[list[int]]:
+    out = []
+    for row in rows.tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    return_logits: bool = False,
+):
+    """Continue each prompt until eos or `max_new_tokens`; returns token lists without eos.
+
+    With `use_cache=False` every step recomputes the whole sequence: the reference that the
+    cached path must match. `return_logits` also returns the (B, steps, V) logits.
+    """
+    device = next(model.parameters()).device
+    tokens, valid = left_pad(prompts, pad_id, device)
+    state = model.new_state(len(prompts), device) if use_cache else None
+    logits = model(tokens, valid, state)[:, -1]
+    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    chosen, all_logits = [], []
+    for _ in range(max_new_tokens):
+        all_logits.append(logits)
+        next_token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
+        chosen.append(next_token)
+        step_valid = ~finished
+        finished = finished | (next_token == eos_id)
+        if bool(finished.all()):
+            break
+        if use_cache:
+            logits = model(next_token[:, None], step_valid[:, None], state)[:, -1]
+        else:
+            tokens = torch.cat((tokens, next_token[:, None]), dim=1)
+            valid = torch.cat((valid, step_valid[:, None]), dim=1)
+            logits = model(tokens, valid)[:, -1]
+    out = strip_after_eos(torch.stack(chosen, dim=1), eos_id) if chosen else [[] for _ in prompts]
+    return (out, torch.stack(all_logits, dim=1)) if return_logits else out

@@ -1,0 +1,44 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.errors import ConfigError
+
+
+@dataclass
+class SamplingConfig:
+    """temperature 0 is greedy; otherwise sample from the top_k / top_p filtered distribution."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no limit
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # None: source length + 50 (the paper's rule)
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ConfigError(f"generation.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ConfigError(f"generation.top_k={self.top_k} must be >= 0 (0 = no limit)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"generation.top_p={self.top_p} must be in (0, 1]")
+
+
+def choose_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None):
+    """(B, V) logits -> (B,) token ids."""
+    if cfg.temperature == 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k:
+        kth = logits.topk(min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already hold top_p of the mass.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)

@@ -1,0 +1,71 @@
+"""GPT-style decoder: one causal stack over `[bos] source [sep] target [eos]` (or plain text)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.components import BackboneConfig, LayerCache, TransformerStack
+from attnlab.components.masks import causal_padding_mask
+
+
+@dataclass
+class DecodeState:
+    """What incremental decoding remembers: per-layer K/V plus the keys' positions and validity."""
+
+    caches: list[LayerCache]
+    key_valid: torch.Tensor  # (B, Lk) bool
+    key_positions: torch.Tensor  # (B, Lk)
+    next_position: torch.Tensor  # (B,) position of the next real token
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for cache in self.caches:
+            cache.reorder(index)
+        self.key_valid = self.key_valid.index_select(0, index)
+        self.key_positions = self.key_positions.index_select(0, index)
+        self.next_position = self.next_position.index_select(0, index)
+
+
+class DecoderOnlyModel(nn.Module):
+    def __init__(self, cfg: BackboneConfig, vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        self.stack = TransformerStack(cfg, vocab_size, pad_id=pad_id)
+
+    def new_state(self, batch_size: int, device=None) -> DecodeState:
+        empty = torch.zeros(batch_size, 0, device=device)
+        return DecodeState(
+            self.stack.new_caches(), empty.bool(), empty.long(),
+            torch.zeros(batch_size, dtype=torch.long, device=device),
+        )
+
+    def hidden(self, tokens, valid=None, state: DecodeState | None = None, need_weights=False):
+        """Final hidden states (B, L, d) and per-layer attention weights.
+
+        Training passes right-padded tokens alone: pads only follow real tokens, so the causal
+        mask is exact for every real query and the fused causal kernel is used. Generation passes
+        `valid` (left-padded prompts) and a `state` to decode incrementally.
+        """
+        if valid is None and state is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            return self.stack(tokens, positions, is_causal=True, need_weights=need_weights)
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        start = state.next_position if state is not None else torch.zeros_like(tokens[:, 0])
+        positions = (start[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+        key_valid, key_positions = valid, positions
+        if state is not None:
+            key_valid = torch.cat((state.key_valid, valid), dim=1)
+            key_positions = torch.cat((state.key_positions, positions), dim=1)
+            state.key_valid, state.key_positions = key_valid, key_positions
+            state.next_position = start + valid.long().sum(1)
+        return self.stack(
+            tokens, positions, mask=causal_padding_mask(key_valid, tokens.shape[1]),
+            key_positions=key_positions, caches=state.caches if state is not None else None,
+            need_weights=need_weights,
+        )
+
+    def forward(self, tokens, valid=None, state: DecodeState | None = None) -> torch.Tensor:
+        """Logits (B, L, V)."""
+        hidden, _ = self.hidden(tokens, valid, state)
+        return self.stack.embedding.logits(hidden)

@@ -1,0 +1,167 @@
+"""What every family's LightningModule shares: optimizer, schedule, metrics, logging, evaluation.
+
+A family subclass builds its nn.Module and implements three things: `loss_terms` (training
+loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (its name).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import lightning as L
+import torch
+
+from attnlab.components import BackboneConfig
+from attnlab.errors import ConfigError
+from attnlab.generation import SamplingConfig
+from attnlab.modules.metrics import EvalMetrics
+from attnlab.modules.optim import OptimizerConfig, build_optimizer
+from data_modules.batch import SpecialIds, collate, Example
+
+
+def _coerce(cls, value):
+    if value is None:
+        return cls()
+    return value if isinstance(value, cls) else cls(**value)
+
+
+class FamilyModule(L.LightningModule):
+    family = "base"
+
+    def __init__(
+        self,
+        backbone: BackboneConfig | None = None,
+        optimizer: OptimizerConfig | None = None,
+        generation: SamplingConfig | None = None,
+        vocab_size: int = 0,
+        special_ids: SpecialIds | None = None,
+        eval_every_n_epochs: int = 1,
+        num_examples: int = 3,
+    ):
+        """vocab_size and special_ids are linked from the data module; do not set them in a config."""
+        super().__init__()
+        self.backbone = BackboneConfig.coerce(backbone)
+        self.optim = _coerce(OptimizerConfig, optimizer)
+        self.sampling = _coerce(SamplingConfig, generation)
+        self.special = _coerce(SpecialIds, special_ids)
+        if vocab_size < 1:
+            raise ConfigError(
+                "model vocab_size is not set: it is linked from the data module's tokenizer "
+                "(run through `attnlab fit --config ...`, or pass vocab_size=datamodule.vocab_size)"
+            )
+        if eval_every_n_epochs < 0:
+            raise ConfigError(f"model.eval_every_n_epochs={eval_every_n_epochs} must be >= 0 (0 = never)")
+        self.vocab_size = vocab_size
+        self.eval_every_n_epochs = eval_every_n_epochs
+        self.num_examples = num_examples
+        # Plain dicts only, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters({
+            "backbone": asdict(self.backbone), "optimizer": asdict(self.optim),
+            "generation": asdict(self.sampling), "vocab_size": vocab_size,
+            "special_ids": asdict(self.special), "eval_every_n_epochs": eval_every_n_epochs,
+            "num_examples": num_examples,
+        })
+        self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
+        self.examples: list[tuple[str, str, str]] = []
+        self.tokenizer = None  # set from the data module at setup, or from a checkpoint
+
+    # ---- what a family provides -------------------------------------------------------------
+    def loss_terms(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """(training loss sum, NLL sum, number of target tokens, number of input tokens)."""
+        raise NotImplementedError
+
+    def generate_ids(self, batch: dict) -> list[list[int]]:
+        raise NotImplementedError
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is not None and getattr(datamodule, "tokenizer", None) is not None:
+            self.tokenizer = datamodule.tokenizer
+
+    def configure_optimizers(self):
+        return build_optimizer(self, self.optim, int(self.trainer.estimated_stepping_batches))
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        loss_sum, _, n_targets, n_inputs = self.loss_terms(batch)
+        loss = loss_sum / max(n_targets, 1)
+        self._step_tokens = n_inputs
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["target"]))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        seconds = time.perf_counter() - self._step_started
+        self.log("train/tokens_per_s", self._step_tokens / max(seconds, 1e-9), batch_size=1)
+
+    def _evaluate(self, batch, metrics: EvalMetrics, generate: bool):
+        loss_sum, nll_sum, n_targets, _ = self.loss_terms(batch)
+        metrics.update_likelihood(loss_sum, nll_sum, n_targets)
+        if not generate or self.tokenizer is None or batch["source"].shape[1] == 0:
+            return
+        started = time.perf_counter()
+        ids = self.generate_ids(batch)
+        seconds = time.perf_counter() - started
+        hypotheses = self.tokenizer.decode_batch(ids)
+        metrics.update_generation(hypotheses, batch["target_text"], sum(len(i) + 1 for i in ids), seconds)
+        if len(self.examples) < self.num_examples:
+            for triple in zip(batch["source_text"], batch["target_text"], hypotheses):
+                self.examples.append(triple)
+
+    def on_validation_epoch_start(self):
+        self.examples = []
+
+    def validation_step(self, batch, batch_idx):
+        generate = not self.trainer.sanity_checking and (self._generation_epoch() or self.trainer.state.fn == "validate")
+        self._evaluate(batch, self.val_metrics, generate)
+
+    def _generation_epoch(self) -> bool:
+        every, epoch = self.eval_every_n_epochs, self.current_epoch + 1
+        last = self.trainer.max_epochs is not None and epoch >= self.trainer.max_epochs
+        return bool(every) and (epoch % every == 0 or last)
+
+    def on_validation_epoch_end(self):
+        self.log_dict(self.val_metrics.compute("val"), batch_size=1)
+        self.val_metrics.reset()
+
+    def on_test_epoch_start(self):
+        self.examples = []
+
+    def test_step(self, batch, batch_idx):
+        self._evaluate(batch, self.test_metrics, generate=True)
+
+    def on_test_epoch_end(self):
+        self.log_dict(self.test_metrics.compute("test"), batch_size=1)
+        self.test_metrics.reset()
+
+    def predict_step(self, batch, batch_idx):
+        hypotheses = self.tokenizer.decode_batch(self.generate_ids(batch))
+        return [
+            {"source": s, "reference": r, "hypothesis": h}
+            for s, r, h in zip(batch["source_text"], batch["target_text"], hypotheses)
+        ]
+
+    # ---- checkpoints and direct use ------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["attnlab"] = {
+            "family": self.family,
+            "tokenizer": self.tokenizer.model_proto if self.tokenizer is not None else None,
+        }
+
+    @torch.no_grad()
+    def translate(self, sources: list[str], batch_size: int = 64) -> list[str]:
+        """Generate a target for each source string (needs the tokenizer)."""
+        was_training = self.training
+        self.eval()
+        out = []
+        for start in range(0, len(sources), batch_size):
+            chunk = sources[start : start + batch_size]
+            encoded = self.tokenizer.encode_batch(chunk)
+            examples = [Example(ids, [], text, "") for ids, text in zip(encoded, chunk)]
+            batch = collate(examples, self.special.pad)
+            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
+        self.train(was_training)
+        return out

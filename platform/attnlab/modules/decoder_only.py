@@ -1,0 +1,46 @@
+"""DecoderOnly: the GPT-style family as a LightningModule."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.generation.decoder_only import generate
+from attnlab.models.decoder_only import DecoderOnlyModel
+from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
+from attnlab.modules.base import FamilyModule
+
+
+def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
+    """Summed training loss (label-smoothed) and summed NLL over labelled positions."""
+    nll = F.cross_entropy(logits, labels, reduction="sum")
+    if not label_smoothing:
+        return nll, nll
+    return F.cross_entropy(logits, labels, reduction="sum", label_smoothing=label_smoothing), nll
+
+
+class DecoderOnly(FamilyModule):
+    """Trains on `[bos] source [sep] target [eos]` with loss on the target (all tokens for plain LM)."""
+
+    family = "decoder_only"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model = DecoderOnlyModel(self.backbone, self.vocab_size, self.special.pad)
+
+    def loss_terms(self, batch):
+        ids = self.special
+        tokens, labels = frame_prefix_target(batch, ids.bos, ids.sep, ids.eos, ids.pad)
+        hidden, _ = self.model.hidden(tokens)
+        labelled = labels != IGNORE
+        # Project only labelled positions: the prompt needs no output distribution.
+        logits = self.model.stack.embedding.logits(hidden[labelled])
+        loss_sum, nll_sum = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing)
+        n_inputs = int((tokens != ids.pad).sum())
+        return loss_sum, nll_sum, int(labelled.sum()), n_inputs
+
+    def generate_ids(self, batch):
+        prompts = prompts_of(batch, self.special.bos, self.special.sep)
+        max_new = self.sampling.max_new_tokens or int(batch["source_lengths"].max()) + 50
+        return generate(
+            self.model, prompts, max_new, self.special.eos, self.special.pad, self.sampling,
+        )

@@ -1,0 +1,68 @@
+"""Optimizer and learning-rate schedules shared by every family."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.errors import ConfigError
+
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with linear warmup, then cosine decay to `min_lr_ratio`, inverse-sqrt, or constant."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.01
+    schedule: str = "cosine"
+    warmup_steps: int = 200
+    min_lr_ratio: float = 0.1
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        self.betas = tuple(self.betas)
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"optimizer.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.lr <= 0:
+            raise ConfigError(f"optimizer.lr={self.lr} must be > 0")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optimizer.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"optimizer.label_smoothing={self.label_smoothing} must be in [0, 1)")
+
+
+def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int) -> float:
+    """Factor on `lr` at optimizer step `step` (0-based)."""
+    step += 1
+    warmup = max(cfg.warmup_steps, 1)
+    if step <= cfg.warmup_steps:
+        return step / warmup
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "inverse_sqrt":
+        return math.sqrt(warmup / step)
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: int):
+    """AdamW; weight decay on matrices only (not biases, norms or embeddings)."""
+    decay, no_decay = [], []
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_matrix = param.dim() >= 2 and "embedding" not in name and "table" not in name
+        (decay if is_matrix else no_decay).append(param)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(cfg, step, total_steps)
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
