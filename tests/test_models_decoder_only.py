@@ -1,0 +1,163 @@
+"""The decoder-only model: cache exactness, padding invariance, framing, loss and sampling."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab import BackboneConfig, ConfigError, DecoderOnly, SamplingConfig
+from attnlab.generation import choose_next
+from attnlab.generation.decoder_only import generate
+from attnlab.models.decoder_only import DecoderOnlyModel
+from attnlab.models.framing import IGNORE, frame_prefix_target
+from attnlab.modules.optim import OptimizerConfig, lr_multiplier
+
+PROMPTS = [[2, 7, 8, 9, 10, 4], [2, 11, 4], [2, 12, 13, 4]]
+
+
+def tiny_model(positional="rope", **kw):
+    torch.manual_seed(0)
+    cfg = BackboneConfig(**{"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "d_ff": 64,
+                            "dropout": 0.0, "positional": positional, **kw})
+    return DecoderOnlyModel(cfg, vocab_size=40).eval()
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi", "none"])
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_cached_decoding_equals_full_recomputation(positional, norm_position):
+    model = tiny_model(positional, norm_position=norm_position)
+    cached, cached_logits = generate(model, PROMPTS, 8, eos_id=3, pad_id=0, return_logits=True)
+    full, full_logits = generate(model, PROMPTS, 8, eos_id=3, pad_id=0, use_cache=False, return_logits=True)
+    assert cached == full
+    torch.testing.assert_close(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positional", ["learned", "alibi"])
+def test_a_padded_batch_decodes_like_each_prompt_alone(positional):
+    model = tiny_model(positional)
+    batch_out, batch_logits = generate(model, PROMPTS, 6, eos_id=3, pad_id=0, return_logits=True)
+    for i, prompt in enumerate(PROMPTS):
+        alone, alone_logits = generate(model, [prompt], 6, eos_id=3, pad_id=0, return_logits=True)
+        assert alone[0] == batch_out[i]
+        steps = alone_logits.shape[1]
+        torch.testing.assert_close(alone_logits[0], batch_logits[i, :steps], atol=1e-5, rtol=1e-5)
+
+
+def test_training_path_equals_generation_path_on_real_tokens():
+    model = tiny_model("alibi")
+    batch = {"source": torch.tensor([[7, 8, 9], [11, 0, 0]]), "source_lengths": torch.tensor([3, 1]),
+             "target": torch.tensor([[20, 21], [22, 0]]), "target_lengths": torch.tensor([2, 1])}
+    tokens, _ = frame_prefix_target(batch, bos=2, sep=4, eos=3, pad=0)
+    right_padded = model(tokens)  # training: fused causal kernel, no explicit mask
+    for row, n in enumerate([8, 5]):
+        alone = model(tokens[row : row + 1, :n], torch.ones(1, n, dtype=torch.bool))
+        torch.testing.assert_close(right_padded[row, :n], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_framing_puts_labels_on_target_and_eos_only():
+    batch = {"source": torch.tensor([[7, 8], [9, 0]]), "source_lengths": torch.tensor([2, 1]),
+             "target": torch.tensor([[20, 21, 22], [23, 0, 0]]), "target_lengths": torch.tensor([3, 1])}
+    tokens, labels = frame_prefix_target(batch, bos=2, sep=4, eos=3, pad=0)
+    assert tokens.tolist() == [[2, 7, 8, 4, 20, 21, 22, 3], [2, 9, 4, 23, 3, 0, 0, 0]]
+    assert labels.tolist() == [[IGNORE] * 3 + [20, 21, 22, 3, IGNORE], [IGNORE] * 2 + [23, 3] + [IGNORE] * 4]
+
+
+def test_plain_lm_data_trains_on_every_token():
+    batch = {"source": torch.zeros(2, 0, dtype=torch.long), "source_lengths": torch.tensor([0, 0]),
+             "target": torch.tensor([[20, 21, 22], [23, 24, 0]]), "target_lengths": torch.tensor([3, 2])}
+    tokens, labels = frame_prefix_target(batch, bos=2, sep=4, eos=3, pad=0)
+    assert tokens.tolist() == [[2, 20, 21, 22], [2, 23, 24, 0]]
+    assert labels.tolist() == [[20, 21, 22, IGNORE], [23, 24, IGNORE, IGNORE]]
+
+
+def test_module_loss_is_the_cross_entropy_of_target_tokens():
+    module = DecoderOnly(backbone=dict(d_model=32, n_heads=4, n_layers=1, d_ff=64, dropout=0.0),
+                         optimizer=dict(label_smoothing=0.1), vocab_size=40)
+    batch = {"source": torch.tensor([[7, 8], [9, 0]]), "source_lengths": torch.tensor([2, 1]),
+             "target": torch.tensor([[20, 21, 22], [23, 0, 0]]), "target_lengths": torch.tensor([3, 1])}
+    loss_sum, nll_sum, n_targets, n_inputs = module.loss_terms(batch)
+    tokens, labels = frame_prefix_target(batch, 2, 4, 3, 0)
+    logits = module.model(tokens)
+    keep = labels != IGNORE
+    expected_nll = F.cross_entropy(logits[keep], labels[keep], reduction="sum")
+    expected_smoothed = F.cross_entropy(logits[keep], labels[keep], reduction="sum", label_smoothing=0.1)
+    assert n_targets == 6 and n_inputs == 13
+    torch.testing.assert_close(nll_sum, expected_nll)
+    torch.testing.assert_close(loss_sum, expected_smoothed)
+
+
+def test_tied_and_scaled_embeddings():
+    model = tiny_model(scale_embeddings=True, tie_embeddings=True)
+    emb = model.stack.embedding
+    tokens = torch.tensor([[5, 6]])
+    torch.testing.assert_close(emb(tokens), emb.weight[tokens] * math.sqrt(32))
+    hidden = torch.randn(1, 2, 32)
+    torch.testing.assert_close(emb.logits(hidden), hidden @ emb.weight.T)
+    untied = tiny_model(tie_embeddings=False).stack.embedding
+    assert untied.output is not None and untied.output.weight.data_ptr() != untied.weight.data_ptr()
+
+
+def test_post_norm_stack_outputs_are_layer_normalised():
+    model = tiny_model(norm_position="post")
+    hidden, _ = model.hidden(torch.tensor([[2, 5, 6, 7]]))
+    torch.testing.assert_close(hidden.mean(-1), torch.zeros(1, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden.var(-1, unbiased=False), torch.ones(1, 4), atol=1e-3, rtol=0)
+
+
+def test_swiglu_and_rmsnorm_build_and_differ_from_defaults():
+    a = tiny_model(activation="swiglu", norm="rmsnorm", norm_position="pre")
+    ffn = a.stack.layers[0].ffn.inner
+    x = torch.randn(3, 32)
+    gate, value = (x @ ffn.up.weight.T + ffn.up.bias).chunk(2, dim=-1)
+    expected = (F.silu(gate) * value) @ ffn.down.weight.T + ffn.down.bias
+    torch.testing.assert_close(ffn(x), expected)
+    assert isinstance(a.stack.final_norm, torch.nn.RMSNorm)
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(d_model=32, n_heads=3), "n_heads"),
+    (dict(positional="relative"), "positional"),
+    (dict(n_heads=8, n_kv_heads=3), "n_kv_heads"),
+    (dict(norm_position="middle"), "norm_position"),
+    (dict(dropout=1.5), "dropout"),
+])
+def test_backbone_config_errors_name_the_field(bad, field):
+    with pytest.raises(ConfigError, match=f"backbone.{field}"):
+        BackboneConfig(**bad)
+
+
+def test_greedy_top_k_one_and_tiny_top_p_all_pick_the_argmax():
+    logits = torch.randn(16, 40)
+    greedy = choose_next(logits, SamplingConfig())
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(choose_next(logits, SamplingConfig(temperature=1.0, top_k=1), g), greedy)
+    assert torch.equal(choose_next(logits, SamplingConfig(temperature=1.0, top_p=1e-6), g), greedy)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    top_k = choose_next(logits, SamplingConfig(temperature=1.0, top_k=3), g)
+    assert set(top_k.tolist()) == {0, 1, 2}
+    probs = logits[0].softmax(-1)  # p ≈ .64 .23 .09 ...: top_p 0.8 keeps exactly the first two
+    assert probs[0] < 0.8 < probs[:2].sum()
+    top_p = choose_next(logits, SamplingConfig(temperature=1.0, top_p=0.8), g)
+    assert set(top_p.tolist()) == {0, 1}
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator():
+    model = tiny_model()
+    cfg = SamplingConfig(temperature=1.0, top_p=0.9)
+    a = generate(model, PROMPTS, 6, 3, 0, cfg, generator=torch.Generator().manual_seed(1))
+    b = generate(model, PROMPTS, 6, 3, 0, cfg, generator=torch.Generator().manual_seed(1))
+    assert a == b
+
+
+def test_learning_rate_schedules_follow_their_formulas():
+    cosine = OptimizerConfig(warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    assert lr_multiplier(cosine, 4, 110) == pytest.approx(0.5)  # step 5 of 10 warmup steps
+    assert lr_multiplier(cosine, 9, 110) == pytest.approx(1.0)
+    assert lr_multiplier(cosine, 59, 110) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_multiplier(cosine, 109, 110) == pytest.approx(0.1)
+    inverse = OptimizerConfig(warmup_steps=100, schedule="inverse_sqrt")
+    assert lr_multiplier(inverse, 399, 10_000) == pytest.approx(math.sqrt(100 / 400))
