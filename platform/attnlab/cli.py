@@ -38,6 +38,27 @@ wandb logs online with credentials and offline without (--run.wandb disabled tur
 """
 
 
+def find_user_error(err: BaseException | None) -> AttnlabError | None:
+    """The AttnlabError behind an exception: jsonargparse wraps errors raised while building classes."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, AttnlabError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:",
+         "- Expected a <class 'NoneType'>", "Given value type:", "Given value:")
+
+
+def condense_parse_error(message: str) -> str:
+    """Keep what names the bad key; drop jsonargparse's account of every type it tried."""
+    lines = [line for line in message.splitlines() if not line.strip().startswith(NOISE)]
+    return "\n".join(lines)
+
+
 def _help() -> str:
     verbs = {**LIGHTNING_VERBS, **OTHER_VERBS}
     return HELP.format(verbs="\n".join(f"  {name:<10} {text}" for name, text in verbs.items()))
@@ -89,10 +110,17 @@ def main(argv: list[str] | None = None) -> int:
 
         AttnlabCLI(args=None if from_command_line else argv)
         return 0
-    except AttnlabError as err:
+    except argparse.ArgumentError as err:  # a config key or value jsonargparse rejected
         if debug:
             raise
-        print(f"attnlab: error: {err}", file=sys.stderr)
+        print(f"attnlab: error: {condense_parse_error(str(err))}\n"
+              f"(attnlab {verb} --help lists the options)", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - only user errors are caught, see below
+        user_error = find_user_error(err)
+        if user_error is None or debug:
+            raise
+        print(f"attnlab: error: {user_error}", file=sys.stderr)
         return 2
 
 

@@ -27,6 +27,8 @@ class AttnlabCLI(LightningCLI):
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,
             seed_everything_default=0,
+            # Raise instead of printing the whole usage: main() prints the message alone.
+            parser_kwargs={"exit_on_error": False},
             args=args,
             run=run,
         )

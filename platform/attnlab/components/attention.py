@@ -64,11 +64,11 @@ def math_attention(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
 class MultiHeadAttention(nn.Module):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.backend = cfg.backend
         self.dropout = cfg.attention_dropout
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
-        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.bias)
         self.out_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
         self.register_buffer("head_mask", torch.ones(cfg.n_heads), persistent=False)
         self.heads_masked = False

@@ -1,7 +1,7 @@
 """The backbone hyper-parameters of every family, validated up front so a typo costs seconds."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
 from attnlab.errors import ConfigError
@@ -55,9 +55,7 @@ class BackboneConfig:
                 f"backbone.n_heads={self.n_heads} does not divide backbone.d_model={self.d_model}: "
                 f"choose n_heads among {divisors} or change d_model"
             )
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
             raise ConfigError(
                 f"backbone.n_kv_heads={self.n_kv_heads} must divide backbone.n_heads={self.n_heads} "
                 "(n_heads for MHA, a divisor for GQA, 1 for MQA)"
@@ -71,18 +69,10 @@ class BackboneConfig:
                 raise ConfigError(f"backbone.{name}={getattr(self, name)} must be in [0, 1)")
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads when unset (plain multi-head attention)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-    @classmethod
-    def coerce(cls, value: "BackboneConfig | dict | None") -> "BackboneConfig":
-        """Accept a dataclass (from the CLI) or a plain dict (from a checkpoint's hparams)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ConfigError(f"unknown backbone field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**value)

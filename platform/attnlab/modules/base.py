@@ -6,7 +6,7 @@ loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import lightning as L
 import torch
@@ -20,9 +20,10 @@ from data_modules.batch import SpecialIds, collate, Example
 
 
 def _coerce(cls, value):
+    """A private copy of a config given as a dataclass (CLI), a dict (checkpoint) or None."""
     if value is None:
         return cls()
-    return value if isinstance(value, cls) else cls(**value)
+    return replace(value) if isinstance(value, cls) else cls(**value)
 
 
 class FamilyModule(L.LightningModule):
@@ -30,9 +31,9 @@ class FamilyModule(L.LightningModule):
 
     def __init__(
         self,
-        backbone: BackboneConfig | None = None,
-        optimizer: OptimizerConfig | None = None,
-        generation: SamplingConfig | None = None,
+        backbone: BackboneConfig = BackboneConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        generation: SamplingConfig = SamplingConfig(),
         vocab_size: int = 0,
         special_ids: SpecialIds | None = None,
         eval_every_n_epochs: int = 1,
@@ -40,7 +41,7 @@ class FamilyModule(L.LightningModule):
     ):
         """vocab_size and special_ids are linked from the data module; do not set them in a config."""
         super().__init__()
-        self.backbone = BackboneConfig.coerce(backbone)
+        self.backbone = _coerce(BackboneConfig, backbone)
         self.optim = _coerce(OptimizerConfig, optimizer)
         self.sampling = _coerce(SamplingConfig, generation)
         self.special = _coerce(SpecialIds, special_ids)
