@@ -38,14 +38,26 @@ class AttnlabCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.special_ids", "model.init_args.special_ids", apply_on="instantiate")
 
+    def _parse_ckpt_path(self) -> None:
+        """The model is built from --config; --ckpt_path only restores its state.
+
+        (Lightning would re-parse the checkpoint's hparams as the model config, which loses the
+        family's class; FamilyModule.on_load_checkpoint checks the family instead.)
+        """
+
     def _experiment_name(self) -> str:
+        """run.name, else the config's path under experiments/ without .yaml (multi30k/decoder_only)."""
         options = self._get(self.config, "run")
         if options.name:
             return options.name
         configs = self._get(self.config, "config") or []
-        if configs:
-            return Path(str(configs[-1])).stem
-        return type(self.model).family
+        if not configs:
+            return type(self.model).family
+        path = Path(str(configs[-1])).resolve().with_suffix("")
+        parts = path.parts
+        if "experiments" in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index("experiments"):])
+        return path.name
 
     def instantiate_trainer(self, **kwargs):
         trainer_config = self._get(self.config_init, "trainer", default={})

@@ -54,24 +54,35 @@ def resolve_wandb_mode(requested: str) -> str:
     return requested
 
 
-def run_version(options: RunOptions) -> str:
-    """A timestamp shared with DDP workers through the environment, so every rank agrees."""
+def run_version(options: RunOptions, name: str) -> str:
+    """A new timestamp per run (suffixed if taken); DDP workers inherit rank zero's via the environment."""
     if options.version:
         return options.version
-    version = os.environ.get("ATTNLAB_RUN_VERSION") or time.strftime("%Y%m%d-%H%M%S")
+    inherited = os.environ.get("ATTNLAB_RUN_VERSION")
+    if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        return inherited
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    version, n = stamp, 1
+    while (Path(options.root) / name / version).exists():
+        version, n = f"{stamp}-{n}", n + 1
     os.environ["ATTNLAB_RUN_VERSION"] = version
     return version
 
 
 def build_loggers(options: RunOptions, name: str, config: dict | None = None) -> list[Logger]:
-    version = run_version(options)
+    mode = resolve_wandb_mode(options.wandb)
+    if mode == "online" and not wandb_credentials_present():
+        raise ConfigError(
+            "run.wandb=online but no wandb credentials were found: run `wandb login` or set "
+            "WANDB_API_KEY, or use --run.wandb auto (offline without credentials) / offline / disabled"
+        )
+    version = run_version(options, name)
     loggers: list[Logger] = [CSVLogger(options.root, name=name, version=version)]
     run_dir = Path(options.root) / name / version
     if options.tensorboard:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         loggers.append(TensorBoardLogger(str(run_dir), name="tensorboard", version=""))
-    mode = resolve_wandb_mode(options.wandb)
     if mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
 

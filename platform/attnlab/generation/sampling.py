@@ -22,6 +22,10 @@ class SamplingConfig:
             raise ConfigError(f"generation.temperature={self.temperature} must be >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ConfigError(f"generation.top_k={self.top_k} must be >= 0 (0 = no limit)")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(
+                f"generation.max_new_tokens={self.max_new_tokens} must be >= 1 (or null: source length + 50)"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"generation.top_p={self.top_p} must be in (0, 1]")
 

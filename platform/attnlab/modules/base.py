@@ -74,11 +74,39 @@ class FamilyModule(L.LightningModule):
     def generate_ids(self, batch: dict) -> list[list[int]]:
         raise NotImplementedError
 
+    def positions_needed(self, source_length: int, target_length: int) -> int:
+        """Longest position index + 1 that training and generation use for one example."""
+        raise NotImplementedError
+
     # ---- Lightning hooks ---------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None and getattr(datamodule, "tokenizer", None) is not None:
             self.tokenizer = datamodule.tokenizer
+            if self.backbone.positional == "learned":
+                self._check_position_table(datamodule)
+
+    def _check_position_table(self, datamodule) -> None:
+        """Fail before training, not at the first generation, when data outgrows the learned table."""
+        limit = self.backbone.max_positions
+        for split in datamodule.splits:
+            for example in datamodule.examples(split):
+                need = self.positions_needed(len(example.source), len(example.target))
+                if need > limit:
+                    raise ConfigError(
+                        f"a {split} example needs {need} positions (source {len(example.source)} and "
+                        f"target {len(example.target)} tokens, plus generation) but the learned table has "
+                        f"backbone.max_positions={limit}: raise backbone.max_positions to at least {need}, "
+                        "lower generation.max_new_tokens, or use another positional encoding"
+                    )
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        family = (checkpoint.get("attnlab") or {}).get("family")
+        if family != self.family:
+            raise ConfigError(
+                f"the checkpoint holds a {family or 'non-attnlab'} model but the config builds "
+                f"{self.family}: pass the config the checkpoint was trained with"
+            )
 
     def configure_optimizers(self):
         return build_optimizer(self, self.optim, int(self.trainer.estimated_stepping_batches))

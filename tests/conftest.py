@@ -1,0 +1,168 @@
+"""Shared fixtures for the end-to-end tests: an isolated environment and ways to run `attnlab`.
+
+Nothing here downloads or writes outside pytest's temporary folders: tokenizers go to a
+session-wide $ATTNLAB_CACHE, HOME points at an empty folder (no ~/.netrc, no ~/.cache), and
+every run is written under a test's tmp_path through `--run.root`.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# Import Lightning (through attnlab) now, while pytest's session-wide capture owns sys.stderr:
+# Lightning's logging handlers keep the stream they find at import, and one bound to a single
+# test's capsys stream would be closed for every later test ("--- Logging error ---").
+import attnlab.cli  # noqa: E402,F401
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+DEBUG_YAML = EXPERIMENTS / "debug.yaml"
+MULTI30K_DIR = REPO.parent / "shared" / "data" / "multi30k"
+MULTI30K_FILES = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")]
+
+# Overrides that keep a run to seconds on a CPU. Note: `limit_val_batches 1` is parsed as the
+# float 1.0 (= 100% of batches) by LightningCLI, so the eval splits are cut with
+# max_eval_examples instead, which leaves one evaluation batch.
+FAST_TRAINER = [
+    "--trainer.max_steps", "2",
+    "--trainer.limit_val_batches", "1",
+    "--trainer.log_every_n_steps", "1",
+    "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false",
+    "--trainer.accelerator", "cpu",
+    "--trainer.devices", "1",
+]
+# debug.yaml cut to 64 training pairs (two batches: one epoch is two steps) and 8 eval pairs.
+# Every test uses the same data arguments so the tokenizer is trained once per session.
+DEBUG_DATA = ["--data.init_args.n_train", "64", "--data.init_args.max_eval_examples", "8"]
+
+
+# ---- environment -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_env(tmp_path_factory):
+    """Tokenizer cache, HOME and wandb settings pointed away from the user's own, for the session."""
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("attnlab_cache")
+    home = tmp_path_factory.mktemp("home")
+    mp.setenv("ATTNLAB_CACHE", str(cache))
+    mp.setenv("HOME", str(home))  # no ~/.netrc: wandb can never find credentials
+    mp.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    mp.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_BASE_URL", "ATTNLAB_RUN_VERSION"):
+        mp.delenv(name, raising=False)
+    yield {"cache": cache, "home": home}
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_run_version():
+    """An in-process run stores its timestamp in $ATTNLAB_RUN_VERSION (for DDP workers); clear it
+    so one test's run folder never leaks into the next test or its subprocesses."""
+    os.environ.pop("ATTNLAB_RUN_VERSION", None)
+    yield
+    os.environ.pop("ATTNLAB_RUN_VERSION", None)
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The shared Multi30k folder (never downloaded by the tests)."""
+    missing = [name for name in MULTI30K_FILES if not (MULTI30K_DIR / name).is_file()]
+    if missing:
+        pytest.skip(f"Multi30k data not found in {MULTI30K_DIR} (missing {', '.join(missing)}); "
+                    "copy the task-1 raw files there to run the Multi30k experiments")
+    return MULTI30K_DIR
+
+
+# ---- running attnlab ---------------------------------------------------------------------------
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def run_main(argv: list[str], cwd: Path | None = None) -> CliResult:
+    """`attnlab.cli.main(argv)` in this process from `cwd`, capturing stdout / stderr by redirection.
+
+    For fixtures wider than a function, where capsys is not available.
+    """
+    from attnlab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in argv])
+            except SystemExit as exc:
+                code = _exit_code(exc)
+    finally:
+        os.chdir(previous)
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli(capsys, tmp_path, monkeypatch):
+    """Run `attnlab.cli.main(argv)` in-process from tmp_path; returns CliResult(code, out, err).
+
+    Exceptions other than SystemExit propagate: for a user mistake main must return 2 itself.
+    """
+    from attnlab.cli import main
+
+    monkeypatch.chdir(tmp_path)  # anything written relative to the cwd lands in the test's folder
+
+    def run(*argv) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_process(args, cwd, env=None, timeout=180, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m attnlab ARGS` in a real process (text mode, output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", *[str(a) for a in args]],
+        cwd=cwd, env=env if env is not None else dict(os.environ), timeout=timeout,
+        capture_output=True, text=True, encoding="utf-8", errors="replace", **kwargs,
+    )
+
+
+def debug_fit_args(root: Path, *extra, version: str = "v1") -> list[str]:
+    """`fit` of experiments/debug.yaml, shrunk, writing to <root>/debug/<version>."""
+    return ["fit", "--config", DEBUG_YAML, "--run.root", root, "--run.version", version,
+            "--run.wandb", "disabled", *FAST_TRAINER, *DEBUG_DATA, *extra]
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[float]]:
+    """Every non-empty value of each column of a run's metrics.csv, in row order."""
+    import csv
+
+    values: dict[str, list[float]] = {}
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if value not in (None, ""):
+                    values.setdefault(key, []).append(float(value))
+    return values
