@@ -94,16 +94,10 @@ class NumberWordsDataModule(TokenizedDataModule):
         max_number: int = MAX_NUMBER,
         vocab_size: int = 400,
         tokenizer_type: str = "bpe",  # on this corpus: 8x faster to train than unigram, shorter pieces
-        batch_size: int = 64,
-        eval_batch_size: int = 256,
-        num_workers: int = 0,
-        cache_dir: str | None = None,
-        max_eval_examples: int | None = None,
+        **kwargs,  # batch_size, eval_batch_size, num_workers, cache_dir, max_eval_examples
     ):
         super().__init__(
-            vocab_size=vocab_size, tokenizer_type=tokenizer_type, batch_size=batch_size,
-            eval_batch_size=eval_batch_size, num_workers=num_workers, cache_dir=cache_dir,
-            max_eval_examples=max_eval_examples,
+            vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs,
         )
         for name, value, low in (("n_train", n_train, 1), ("n_val", n_val, 1), ("n_test", n_test, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -37,16 +37,10 @@ class ParallelTextDataModule(TokenizedDataModule):
         test_target: str | None = None,
         vocab_size: int = 1000,
         tokenizer_type: str = "unigram",
-        batch_size: int = 64,
-        eval_batch_size: int = 256,
-        num_workers: int = 0,
-        cache_dir: str | None = None,
-        max_eval_examples: int | None = None,
+        **kwargs,  # batch_size, eval_batch_size, num_workers, cache_dir, max_eval_examples
     ):
         super().__init__(
-            vocab_size=vocab_size, tokenizer_type=tokenizer_type, batch_size=batch_size,
-            eval_batch_size=eval_batch_size, num_workers=num_workers, cache_dir=cache_dir,
-            max_eval_examples=max_eval_examples,
+            vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs,
         )
         if (test_source is None) != (test_target is None):
             raise ConfigError(
@@ -112,6 +106,8 @@ class Multi30kDataModule(ParallelTextDataModule):
         cache_dir: str | None = None,
         max_eval_examples: int | None = None,
     ):
+        # Spelled out (not **kwargs): the positional file arguments below would otherwise make
+        # jsonargparse expect ParallelTextDataModule's train_source etc. from the user.
         for field, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
             if lang not in MULTI30K_LANGS:
                 raise ConfigError(

@@ -27,16 +27,10 @@ class TextDataModule(TokenizedDataModule):
         prompt_len: int = 0,
         vocab_size: int = 1000,
         tokenizer_type: str = "unigram",
-        batch_size: int = 64,
-        eval_batch_size: int = 256,
-        num_workers: int = 0,
-        cache_dir: str | None = None,
-        max_eval_examples: int | None = None,
+        **kwargs,  # batch_size, eval_batch_size, num_workers, cache_dir, max_eval_examples
     ):
         super().__init__(
-            vocab_size=vocab_size, tokenizer_type=tokenizer_type, batch_size=batch_size,
-            eval_batch_size=eval_batch_size, num_workers=num_workers, cache_dir=cache_dir,
-            max_eval_examples=max_eval_examples,
+            vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs,
         )
         for name, files in (("train_files", train_files), ("val_files", val_files), ("test_files", test_files)):
             if files is None and name == "test_files":
