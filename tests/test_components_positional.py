@@ -71,9 +71,9 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 def test_learned_table_refuses_sequences_longer_than_itself():
     enc = build_positional(cfg("learned", max_positions=8))
-    enc.check_length(8)
-    with pytest.raises(ConfigError, match="max_positions=8"):
-        enc.check_length(9)
+    enc.check_positions(torch.arange(8))
+    with pytest.raises(ConfigError, match="needs 9 positions.*max_positions=8"):
+        enc.check_positions(torch.arange(9))
 
 
 def test_none_changes_nothing():

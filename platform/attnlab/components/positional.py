@@ -22,7 +22,7 @@ Rotary = tuple[torch.Tensor, torch.Tensor]
 class PositionalEncoding(nn.Module):
     """No positions (NoPE); the base class every encoding refines."""
 
-    def check_length(self, n_positions: int) -> None:
+    def check_positions(self, positions: torch.Tensor) -> None:
         """Fail clearly before a forward pass that would need more positions than exist."""
 
     def add_to_embeddings(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -62,8 +62,9 @@ class Learned(PositionalEncoding):
         self.table = nn.Embedding(cfg.max_positions, cfg.d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def check_length(self, n_positions):
+    def check_positions(self, positions):
         limit = self.table.num_embeddings
+        n_positions = int(positions.max()) + 1 if positions.numel() else 0
         if n_positions > limit:
             raise ConfigError(
                 f"a sequence needs {n_positions} positions but the learned position table has "

@@ -67,7 +67,7 @@ class TransformerStack(nn.Module):
 
         Returns the final hidden states (B, L, d) and per-layer attention weights (when asked).
         """
-        self.positional.check_length(int(positions.max()) + 1 if positions.numel() else 0)
+        self.positional.check_positions(positions)
         x = self.positional.add_to_embeddings(self.embedding(tokens), positions)
         x = self.drop(x)
         rotary = self.positional.rotary(positions)
