@@ -8,6 +8,7 @@ from it through a config link, before the Trainer calls any hook.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import lightning as L
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
 from data_modules.batch import Example, SpecialIds, collate
+from data_modules.batching import TokenBudgetBatchSampler
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
 
 Pairs = list[tuple[str, str]]
@@ -40,7 +42,10 @@ class TokenizedDataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         max_eval_examples: int | None = None,
+        max_tokens: int | None = None,
     ):
+        """`max_tokens` switches training batches from `batch_size` examples to a budget of padded
+        source + target tokens, with examples of similar length batched together."""
         super().__init__()
         # No save_hyperparameters(): the requested vocab_size would clash with the model's real
         # one when Lightning merges data and model hparams for the logger.
@@ -57,6 +62,9 @@ class TokenizedDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.cache_dir = cache_dir
         self.max_eval_examples = max_eval_examples
+        if max_tokens is not None:
+            _check_positive("max_tokens", max_tokens)
+        self.max_tokens = max_tokens
         self._tokenizer: Tokenizer | None = None
         self._examples: dict[str, list[Example]] | None = None
 
@@ -148,6 +156,15 @@ class TokenizedDataModule(L.LightningDataModule):
     # ---- loaders -----------------------------------------------------------------------------
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        collate_fn = functools.partial(collate, pad_id=self.special_ids.pad)
+        if shuffle and self.max_tokens:
+            examples = self.examples(split)
+            sampler = TokenBudgetBatchSampler(
+                [len(e.source) + len(e.target) + 3 for e in examples], self.max_tokens,
+                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            )
+            return DataLoader(examples, batch_sampler=sampler, num_workers=self.num_workers,
+                              persistent_workers=self.num_workers > 0, collate_fn=collate_fn)
         return DataLoader(
             self.examples(split),
             batch_size=self.batch_size if shuffle else self.eval_batch_size,
@@ -155,7 +172,7 @@ class TokenizedDataModule(L.LightningDataModule):
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            collate_fn=functools.partial(collate, pad_id=self.special_ids.pad),
+            collate_fn=collate_fn,
         )
 
     def train_dataloader(self) -> DataLoader:

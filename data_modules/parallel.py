@@ -105,6 +105,7 @@ class Multi30kDataModule(ParallelTextDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         max_eval_examples: int | None = None,
+        max_tokens: int | None = None,
     ):
         # Spelled out (not **kwargs): the positional file arguments below would otherwise make
         # jsonargparse expect ParallelTextDataModule's train_source etc. from the user.
@@ -124,7 +125,7 @@ class Multi30kDataModule(ParallelTextDataModule):
             *(str(d / f"{n}.gz") for s in ("train", "val", "test") for n in names[s]),
             vocab_size=vocab_size, tokenizer_type=tokenizer_type, batch_size=batch_size,
             eval_batch_size=eval_batch_size, num_workers=num_workers, cache_dir=cache_dir,
-            max_eval_examples=max_eval_examples,
+            max_eval_examples=max_eval_examples, max_tokens=max_tokens,
         )
         self.data_dir, self.download, self.test_set = d, download, test_set
         self.source_lang, self.target_lang = source_lang, target_lang

@@ -48,6 +48,10 @@ def shrink(config: dict, multi30k_dir_factory) -> list[str]:
         "--model.init_args.backbone.d_ff", "64",
         "--data.init_args.max_eval_examples", "8",
     ]
+    if model_args.get("n_encoder_layers") is not None:
+        args += ["--model.init_args.n_encoder_layers", "1"]
+    if "bf16" in str((config.get("trainer") or {}).get("precision", "")):
+        args += ["--trainer.precision", "32-true"]  # CPU CI: bf16 matmuls are ~500x slower there
     if backbone.get("n_kv_heads") is not None:  # keep grouped-query attention grouped
         args += ["--model.init_args.backbone.n_kv_heads", "1"]
     data_class = str((config.get("data") or {}).get("class_path", "")).rsplit(".", 1)[-1]

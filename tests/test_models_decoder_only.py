@@ -161,3 +161,15 @@ def test_learning_rate_schedules_follow_their_formulas():
     assert lr_multiplier(cosine, 109, 110) == pytest.approx(0.1)
     inverse = OptimizerConfig(warmup_steps=100, schedule="inverse_sqrt")
     assert lr_multiplier(inverse, 399, 10_000) == pytest.approx(math.sqrt(100 / 400))
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "learned"])
+def test_beam_size_one_is_greedy_and_batching_does_not_change_beams(positional):
+    from attnlab.generation.decoder_only import generate_beam
+
+    model = tiny_model(positional)
+    greedy = generate(model, PROMPTS, 7, eos_id=3, pad_id=0)
+    assert generate_beam(model, PROMPTS, 7, eos_id=3, pad_id=0, beam_size=1, alpha=0.6) == greedy
+    beams = generate_beam(model, PROMPTS, 7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)
+    for i, prompt in enumerate(PROMPTS):
+        assert generate_beam(model, [prompt], 7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)[0] == beams[i]

@@ -19,6 +19,7 @@ LIGHTNING_VERBS = {
 }
 OTHER_VERBS = {
     "generate": "load a checkpoint and translate / continue text from the command line or stdin",
+    "average": "average the weights of checkpoints into a new one (the paper's last-5 average)",
 }
 
 HELP = """usage: attnlab <verb> [options]   (attnlab <verb> --help for a verb's options)
@@ -89,6 +90,20 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
+def average_main(argv: list[str]) -> int:
+    from attnlab.averaging import average_checkpoints
+
+    parser = argparse.ArgumentParser(prog="attnlab average", description=OTHER_VERBS["average"])
+    parser.add_argument("checkpoints", nargs="+", help="checkpoints of one run, e.g. runs/x/v/checkpoints/epoch*.ckpt")
+    parser.add_argument("--output", "-o", required=True, help="where to write the averaged checkpoint (must not exist)")
+    args = parser.parse_args(argv)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {average_checkpoints(args.checkpoints, args.output)}")
+    return 0
+
+
+VERB_MAINS = {"generate": generate_main, "average": average_main}
+
+
 def main(argv: list[str] | None = None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -101,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verb = argv[0]
     try:
-        if verb in OTHER_VERBS:
-            return generate_main(argv[1:])
+        if verb in VERB_MAINS:
+            return VERB_MAINS[verb](argv[1:])
         if verb not in LIGHTNING_VERBS:
             print(f"attnlab: error: unknown verb {verb!r}\n\n{_help()}", file=sys.stderr)
             return 2

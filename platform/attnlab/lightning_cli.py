@@ -83,6 +83,9 @@ class AttnlabCLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         if stage == "fit" and checkpoint is not None and checkpoint.best_model_path:
             print(f"\nbest checkpoint: {checkpoint.best_model_path}")
+        averaged = [c.path for c in self.trainer.callbacks if getattr(c, "path", None) and hasattr(c, "last_k")]
+        if stage == "fit" and averaged:
+            print(f"averaged checkpoint: {averaged[0]}")
         for line in describe_run(self.trainer.loggers):
             print(line)
 

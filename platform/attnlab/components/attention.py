@@ -85,6 +85,11 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, n_heads, self.head_dim).transpose(1, 2)
 
+    def project_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H_kv, L, D) of a sequence; cross-attention caches them once per source."""
+        k, v = self.kv_proj(source).chunk(2, dim=-1)
+        return self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -100,8 +105,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and len(cache):
             k, v = cache.k, cache.v
         else:
-            k, v = self.kv_proj(x if context is None else context).chunk(2, dim=-1)
-            k, v = self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+            k, v = self.project_kv(x if context is None else context)
             if rotary is not None:
                 k = apply_rotary(k, rotary)
             if cache is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.generation.beam import beam_search
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 
@@ -63,3 +64,25 @@ def generate(
             logits = model(tokens, valid)[:, -1]
     out = strip_after_eos(torch.stack(chosen, dim=1), eos_id) if chosen else [[] for _ in prompts]
     return (out, torch.stack(all_logits, dim=1)) if return_logits else out
+
+
+@torch.no_grad()
+def generate_beam(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int,
+                  beam_size: int, alpha: float) -> list[list[int]]:
+    """Beam search after the prompts: the prompt is run once per source, then its cache is
+    copied to each beam."""
+    device = next(model.parameters()).device
+    n = len(prompts)
+    tokens, valid = left_pad(prompts, pad_id, device)
+    state = model.new_state(n, device)
+    after_prompt = model(tokens, valid, state)[:, -1].log_softmax(dim=-1)
+    state.reorder(torch.arange(n, device=device).repeat_interleave(beam_size))
+    pending = [after_prompt.repeat_interleave(beam_size, dim=0)]
+
+    def step(last_tokens, st):
+        if pending:  # the first step continues the prompt, already computed
+            return pending.pop()
+        return model(last_tokens, None, st)[:, -1].log_softmax(dim=-1)
+
+    max_lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
+    return beam_search(step, state, n, beam_size, pad_id, eos_id, max_lengths, alpha)

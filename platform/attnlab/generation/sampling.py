@@ -10,12 +10,18 @@ from attnlab.errors import ConfigError
 
 @dataclass
 class SamplingConfig:
-    """temperature 0 is greedy; otherwise sample from the top_k / top_p filtered distribution."""
+    """temperature 0 is greedy; otherwise sample from the top_k / top_p filtered distribution.
+
+    beam_size > 1 uses beam search instead (encoder-decoder), ranked with the GNMT length
+    penalty `length_penalty` (alpha; 0.6 in the paper).
+    """
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = no limit
     top_p: float = 1.0
     max_new_tokens: int | None = None  # None: source length + 50 (the paper's rule)
+    beam_size: int = 1
+    length_penalty: float = 0.6
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -26,6 +32,8 @@ class SamplingConfig:
             raise ConfigError(
                 f"generation.max_new_tokens={self.max_new_tokens} must be >= 1 (or null: source length + 50)"
             )
+        if self.beam_size < 1:
+            raise ConfigError(f"generation.beam_size={self.beam_size} must be >= 1 (1 = greedy / sampling)")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"generation.top_p={self.top_p} must be in (0, 1]")
 

@@ -46,3 +46,19 @@ def prompts_of(batch: dict, bos: int, sep: int) -> list[list[int]]:
     for row, n in zip(batch["source"].tolist(), batch["source_lengths"].tolist()):
         prompts.append([bos] + row[:n] + [sep] if batch["source"].shape[1] else [bos])
     return prompts
+
+
+def frame_source_target(batch: dict, bos: int, eos: int, pad: int):
+    """Encoder input `source [eos]`, decoder input `[bos] target`, labels `target [eos]`.
+
+    Returns source tokens (B, S+1), their validity (B, S+1), decoder input (B, T+1) and
+    labels (B, T+1) with IGNORE on padding.
+    """
+    source, target = batch["source"], batch["target"]
+    ls, lt = batch["source_lengths"][:, None], batch["target_lengths"][:, None]
+    js = torch.arange(source.shape[1] + 1, device=source.device)[None, :]
+    src = torch.where(js < ls, _take(source, js), torch.where(js == ls, eos, pad))
+    jt = torch.arange(target.shape[1] + 1, device=target.device)[None, :]
+    decoder_in = torch.where(jt == 0, bos, torch.where(jt <= lt, _take(target, jt - 1), pad))
+    labels = torch.where(jt < lt, _take(target, jt), torch.where(jt == lt, eos, IGNORE))
+    return src, js <= ls, decoder_in, labels

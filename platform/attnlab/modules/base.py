@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 
 from attnlab.components import BackboneConfig
 from attnlab.errors import ConfigError
@@ -24,6 +25,14 @@ def _coerce(cls, value):
     if value is None:
         return cls()
     return replace(value) if isinstance(value, cls) else cls(**value)
+
+
+def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
+    """Summed training loss (label-smoothed) and summed NLL over the labelled positions."""
+    nll = F.cross_entropy(logits, labels, reduction="sum")
+    if not label_smoothing:
+        return nll, nll
+    return F.cross_entropy(logits, labels, reduction="sum", label_smoothing=label_smoothing), nll
 
 
 class FamilyModule(L.LightningModule):
@@ -109,7 +118,8 @@ class FamilyModule(L.LightningModule):
             )
 
     def configure_optimizers(self):
-        return build_optimizer(self, self.optim, int(self.trainer.estimated_stepping_batches))
+        total = int(self.trainer.estimated_stepping_batches) if self.optim.schedule == "cosine" else 0
+        return build_optimizer(self, self.optim, total, self.backbone.d_model)
 
     def on_train_batch_start(self, batch, batch_idx):
         self._step_started = time.perf_counter()

@@ -1,21 +1,10 @@
 """DecoderOnly: the GPT-style family as a LightningModule."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-from attnlab.generation.decoder_only import generate
+from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
-from attnlab.modules.base import FamilyModule
-
-
-def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
-    """Summed training loss (label-smoothed) and summed NLL over labelled positions."""
-    nll = F.cross_entropy(logits, labels, reduction="sum")
-    if not label_smoothing:
-        return nll, nll
-    return F.cross_entropy(logits, labels, reduction="sum", label_smoothing=label_smoothing), nll
+from attnlab.modules.base import FamilyModule, target_losses
 
 
 class DecoderOnly(FamilyModule):
@@ -51,6 +40,7 @@ class DecoderOnly(FamilyModule):
     def generate_ids(self, batch):
         prompts = prompts_of(batch, self.special.bos, self.special.sep)
         max_new = self.max_new_tokens(int(batch["source_lengths"].max()))
-        return generate(
-            self.model, prompts, max_new, self.special.eos, self.special.pad, self.sampling,
-        )
+        ids, cfg = self.special, self.sampling
+        if cfg.beam_size > 1:
+            return generate_beam(self.model, prompts, max_new, ids.eos, ids.pad, cfg.beam_size, cfg.length_penalty)
+        return generate(self.model, prompts, max_new, ids.eos, ids.pad, cfg)

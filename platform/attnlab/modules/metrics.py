@@ -34,6 +34,7 @@ class EvalMetrics(nn.Module):
     def __init__(self):
         super().__init__()
         self.bleu = SacreBLEUScore(tokenize="13a")
+        self.bleu_lc = SacreBLEUScore(tokenize="13a", lowercase=True)  # secondary, as older papers report
         self.chrf = CHRFScore(n_word_order=0)
         self.exact_match = ExactMatch()
         for name in ("loss_sum", "nll_sum", "tokens", "gen_tokens", "gen_seconds"):
@@ -47,6 +48,7 @@ class EvalMetrics(nn.Module):
 
     def update_generation(self, hypotheses: list[str], references: list[str], n_tokens: int, seconds: float):
         self.bleu.update(hypotheses, [[r] for r in references])
+        self.bleu_lc.update(hypotheses, [[r] for r in references])
         self.chrf.update(hypotheses, [[r] for r in references])
         self.exact_match.update(hypotheses, references)
         self.gen_tokens.update(float(n_tokens))
@@ -63,6 +65,7 @@ class EvalMetrics(nn.Module):
         }
         if self.generated:
             out[f"{prefix}/bleu"] = 100.0 * float(self.bleu.compute())
+            out[f"{prefix}/bleu_lc"] = 100.0 * float(self.bleu_lc.compute())
             out[f"{prefix}/chrf"] = 100.0 * float(self.chrf.compute())
             out[f"{prefix}/exact_match"] = 100.0 * float(self.exact_match.compute())
             out[f"{prefix}/gen_tokens_per_s"] = float(self.gen_tokens.compute()) / max(

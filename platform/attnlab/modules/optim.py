@@ -8,12 +8,16 @@ import torch
 
 from attnlab.errors import ConfigError
 
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+SCHEDULES = ("cosine", "inverse_sqrt", "noam", "constant")
 
 
 @dataclass
 class OptimizerConfig:
-    """AdamW with linear warmup, then cosine decay to `min_lr_ratio`, inverse-sqrt, or constant."""
+    """AdamW with linear warmup, then cosine decay to `min_lr_ratio`, inverse-sqrt, or constant.
+
+    `noam` is the paper's rate: lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), so
+    there `lr` is a scale (1.0 in the paper) rather than the peak.
+    """
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.98)
@@ -36,10 +40,12 @@ class OptimizerConfig:
             raise ConfigError(f"optimizer.label_smoothing={self.label_smoothing} must be in [0, 1)")
 
 
-def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int) -> float:
+def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int, d_model: int = 512) -> float:
     """Factor on `lr` at optimizer step `step` (0-based)."""
     step += 1
     warmup = max(cfg.warmup_steps, 1)
+    if cfg.schedule == "noam":
+        return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if step <= cfg.warmup_steps:
         return step / warmup
     if cfg.schedule == "constant":
@@ -50,7 +56,7 @@ def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: int):
+def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: int, d_model: int):
     """AdamW; weight decay on matrices only (not biases, norms or embeddings)."""
     decay, no_decay = [], []
     for name, param in module.named_parameters():
@@ -63,6 +69,6 @@ def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: 
         lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(cfg, step, total_steps)
+        optimizer, lambda step: lr_multiplier(cfg, step, total_steps, d_model)
     )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

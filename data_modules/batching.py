@@ -1,0 +1,52 @@
+"""Batches built by a token budget with length bucketing, as the paper trains (~25k tokens a side).
+
+Examples of similar length share a batch, so little is spent on padding; the order of the
+batches is shuffled every epoch. Under DDP each rank takes every world_size-th batch.
+"""
+from __future__ import annotations
+
+import random
+
+import torch.distributed as dist
+
+
+class TokenBudgetBatchSampler:
+    def __init__(self, lengths: list[int], max_tokens: int, seed: int = 0, shuffle: bool = True):
+        """`lengths[i]` is the padded size example i adds to a batch (source + target tokens)."""
+        self.lengths, self.max_tokens, self.seed, self.shuffle = lengths, max_tokens, seed, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning each epoch, so the batch order changes reproducibly."""
+        self.epoch = epoch
+
+    def _all_batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed + self.epoch)
+        # Sort by length; random tie-breaks vary the batch members among equal lengths per epoch.
+        order = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], rng.random()))
+        batches, current, longest = [], [], 0
+        for i in order:
+            longest_with_i = max(longest, self.lengths[i])
+            if current and longest_with_i * (len(current) + 1) > self.max_tokens:
+                batches.append(current)
+                current, longest_with_i = [], self.lengths[i]
+            current.append(i)
+            longest = longest_with_i
+        if current:
+            batches.append(current)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def _rank_batches(self) -> list[list[int]]:
+        batches = self._all_batches()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            batches = batches[: len(batches) - len(batches) % world][rank::world]  # equal counts per rank
+        return batches
+
+    def __iter__(self):
+        return iter(self._rank_batches())
+
+    def __len__(self) -> int:
+        return len(self._rank_batches())

@@ -1,0 +1,70 @@
+"""Checkpoint averaging (the paper averages the last 5 / 20 checkpoints): a callback and a function."""
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from attnlab.errors import AttnlabError
+
+
+def average_state_dicts(state_dicts: list[dict]) -> dict:
+    """Element-wise mean of floating-point tensors; other entries are taken from the last."""
+    if not state_dicts:
+        raise AttnlabError("nothing to average: no checkpoints given")
+    keys = state_dicts[-1].keys()
+    for i, sd in enumerate(state_dicts):
+        if sd.keys() != keys:
+            raise AttnlabError(f"checkpoint {i + 1} has different parameters than the last one: average runs of one model only")
+    out = {}
+    for key, last in state_dicts[-1].items():
+        if torch.is_floating_point(last):
+            out[key] = torch.stack([sd[key].float() for sd in state_dicts]).mean(0).to(last.dtype)
+        else:
+            out[key] = last
+    return out
+
+
+def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
+    """Write a checkpoint like the last of `paths` whose weights are the mean of all of them."""
+    checkpoints = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise AttnlabError(f"checkpoint {path} does not exist")
+        checkpoints.append(torch.load(path, map_location="cpu", weights_only=True))
+    families = {(c.get("attnlab") or {}).get("family") for c in checkpoints}
+    if len(families) != 1:
+        raise AttnlabError(f"cannot average checkpoints of different families: {sorted(map(str, families))}")
+    merged = dict(checkpoints[-1])
+    merged["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
+    output = Path(output)
+    if output.exists():
+        raise AttnlabError(f"{output} exists already; choose another --output (nothing was overwritten)")
+    torch.save(merged, output)
+    return output
+
+
+class CheckpointAveraging(L.Callback):
+    """Keep the weights of the last `last_k` epochs in memory; at the end of fit write
+    `averaged.ckpt` (their mean) next to the other checkpoints."""
+
+    def __init__(self, last_k: int = 5):
+        if last_k < 1:
+            raise AttnlabError(f"CheckpointAveraging last_k={last_k} must be >= 1")
+        self.last_k = last_k
+        self.snapshots: deque = deque(maxlen=last_k)
+        self.path: Path | None = None
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()})
+
+    def on_fit_end(self, trainer, pl_module):
+        if not self.snapshots or trainer.checkpoint_callback is None or not trainer.checkpoint_callback.dirpath:
+            return
+        current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        pl_module.load_state_dict(average_state_dicts(list(self.snapshots)))
+        self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
+        trainer.save_checkpoint(self.path)
+        pl_module.load_state_dict(current)

@@ -1,0 +1,65 @@
+"""Batched beam search with the GNMT length penalty, over any model that decodes step by step."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def length_penalty(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """GNMT (Wu et al., 2016): ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + lengths.float()) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    step: Callable[[torch.Tensor, object], torch.Tensor],
+    state,
+    batch_size: int,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    max_lengths: torch.Tensor,
+    alpha: float = 0.6,
+) -> list[list[int]]:
+    """Best hypothesis per source, without bos / eos.
+
+    `state` holds batch_size * beam_size rows (beams of one source adjacent) and has a
+    `reorder(index)` method; `step(last_tokens (N, 1), state) -> log-probabilities (N, V)`
+    advances it by one token. A finished beam (eos, or max_lengths tokens) keeps its score and only extends with eos.
+    Beams are ranked by raw log-probability while searching and by score / length penalty
+    at the end. With beam_size 1 this is exactly greedy decoding.
+    """
+    device = max_lengths.device
+    n, k = batch_size, beam_size
+    scores = torch.full((n, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: keep one so the first step is not k copies
+    tokens = torch.full((n * k, 1), bos_id, dtype=torch.long, device=device)
+    finished = torch.zeros(n * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n * k, dtype=torch.long, device=device)
+    row_max = max_lengths.repeat_interleave(k)
+    for t in range(int(max_lengths.max())):
+        log_probs = step(tokens[:, -1:], state).float()
+        vocab = log_probs.shape[-1]
+        eos_only = torch.full_like(log_probs, float("-inf"))
+        eos_only[:, eos_id] = 0.0
+        log_probs = torch.where(finished[:, None], eos_only, log_probs)
+        candidates = (scores.view(n * k, 1) + log_probs).view(n, k * vocab)
+        scores, flat = candidates.topk(k, dim=-1)
+        beam = torch.div(flat, vocab, rounding_mode="floor")
+        token = flat % vocab
+        index = (beam + torch.arange(n, device=device)[:, None] * k).view(-1)
+        state.reorder(index)
+        token = token.view(-1)
+        tokens = torch.cat((tokens.index_select(0, index), token[:, None]), dim=1)
+        was_finished = finished.index_select(0, index)
+        lengths = lengths.index_select(0, index) + (~was_finished).long()
+        finished = was_finished | (token == eos_id) | (lengths >= row_max)
+        if bool(finished.all()):
+            break
+    final = scores / length_penalty(lengths, alpha).view(n, k)
+    best = final.argmax(dim=-1) + torch.arange(n, device=device) * k
+    out = []
+    for row in tokens.index_select(0, best)[:, 1:].tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out

@@ -1,0 +1,58 @@
+"""EncoderDecoder: the translation transformer of "Attention Is All You Need" as a LightningModule."""
+from __future__ import annotations
+
+from attnlab.errors import ConfigError
+from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
+from attnlab.models.encoder_decoder import EncoderDecoderModel
+from attnlab.models.framing import IGNORE, frame_source_target
+from attnlab.modules.base import FamilyModule, target_losses
+
+
+class EncoderDecoder(FamilyModule):
+    """Encoder reads `source [eos]`; decoder reads `[bos] target` and predicts `target [eos]`.
+
+    `backbone.n_layers` is the decoder depth; `n_encoder_layers` defaults to the same.
+    `share_embeddings` ties source, target and output embeddings (one joint vocabulary).
+    """
+
+    family = "encoder_decoder"
+
+    def __init__(self, *args, n_encoder_layers: int | None = None, share_embeddings: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if n_encoder_layers is not None and n_encoder_layers < 1:
+            raise ConfigError(f"model.init_args.n_encoder_layers={n_encoder_layers} must be >= 1 (or null)")
+        self.hparams.update(n_encoder_layers=n_encoder_layers, share_embeddings=share_embeddings)
+        self.model = EncoderDecoderModel(
+            self.backbone, self.vocab_size, self.special.pad, n_encoder_layers, share_embeddings
+        )
+
+    def _frame(self, batch):
+        ids = self.special
+        return frame_source_target(batch, ids.bos, ids.eos, ids.pad)
+
+    def loss_terms(self, batch):
+        source, source_valid, decoder_in, labels = self._frame(batch)
+        encoded, _ = self.model.encode(source, source_valid)
+        hidden, _ = self.model.decode(decoder_in, encoded)
+        labelled = labels != IGNORE
+        logits = self.model.logits(hidden[labelled])
+        loss_sum, nll_sum = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing)
+        n_inputs = int(source_valid.sum()) + int((decoder_in != self.special.pad).sum())
+        return loss_sum, nll_sum, int(labelled.sum()), n_inputs
+
+    def max_length(self, source_length):
+        """Longest output: generation.max_new_tokens, else the paper's source length + 50."""
+        configured = self.sampling.max_new_tokens
+        return source_length + 50 if configured is None else source_length * 0 + configured
+
+    def positions_needed(self, source_length: int, target_length: int) -> int:
+        return max(source_length + 1, target_length + 1, self.max_length(source_length))
+
+    def generate_ids(self, batch):
+        source, source_valid, _, _ = self._frame(batch)
+        encoded, _ = self.model.encode(source, source_valid)
+        max_lengths = self.max_length(batch["source_lengths"])
+        ids, cfg = self.special, self.sampling
+        if cfg.beam_size > 1:
+            return translate_beam(self.model, encoded, max_lengths, ids.bos, ids.eos, cfg.beam_size, cfg.length_penalty)
+        return translate_greedy(self.model, encoded, max_lengths, ids.bos, ids.eos, ids.pad, cfg)

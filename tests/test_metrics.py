@@ -1,0 +1,50 @@
+"""Our metrics (through torchmetrics) equal the reference `sacrebleu` package."""
+import pytest
+import sacrebleu
+
+from attnlab.modules.metrics import EvalMetrics
+
+HYPOTHESES = [
+    "Ein Mann in einem blauen Hemd steht auf einer Leiter.",
+    "Zwei Hunde spielen im Schnee .",
+    "Eine Frau, die ein Buch liest, sitzt auf der Bank!",
+    "Kinder spielen Fußball auf dem Rasen.",
+    "Ein Mann fährt Fahrrad.",
+]
+REFERENCES = [
+    "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt ein Fenster.",
+    "Zwei Hunde spielen im Schnee.",
+    "Eine Frau liest ein Buch auf einer Bank.",
+    "Kinder spielen Fußball auf dem Rasen.",
+    "Ein Junge fährt mit seinem Fahrrad.",
+]
+
+
+def computed(hypotheses, references, split_at=2):
+    metrics = EvalMetrics()
+    # Two updates, as in two validation batches: the states must add up exactly.
+    metrics.update_generation(hypotheses[:split_at], references[:split_at], 10, 1.0)
+    metrics.update_generation(hypotheses[split_at:], references[split_at:], 10, 1.0)
+    return metrics.compute("val")
+
+
+def test_bleu_equals_sacrebleu_13a_cased():
+    expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES], tokenize="13a").score
+    assert computed(HYPOTHESES, REFERENCES)["val/bleu"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_lowercased_bleu_equals_sacrebleu_lowercase():
+    lowered = [h.upper() for h in HYPOTHESES]  # case differences count only in the cased score
+    expected = sacrebleu.corpus_bleu(lowered, [REFERENCES], tokenize="13a", lowercase=True).score
+    result = computed(lowered, REFERENCES)
+    assert result["val/bleu_lc"] == pytest.approx(expected, abs=1e-3)
+    assert result["val/bleu"] < result["val/bleu_lc"]
+
+
+def test_chrf_equals_sacrebleu_chrf():
+    expected = sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score  # chrF: word order 0
+    assert computed(HYPOTHESES, REFERENCES)["val/chrf"] == pytest.approx(expected, abs=1e-2)
+
+
+def test_exact_match_counts_identical_strings():
+    assert computed(HYPOTHESES, REFERENCES)["val/exact_match"] == pytest.approx(20.0)
