@@ -15,6 +15,7 @@ class TokenBudgetBatchSampler:
         """`lengths[i]` is the padded size example i adds to a batch (source + target tokens)."""
         self.lengths, self.max_tokens, self.seed, self.shuffle = lengths, max_tokens, seed, shuffle
         self.epoch = 0
+        self._cached: tuple[int, list[list[int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning each epoch, so the batch order changes reproducibly."""
@@ -39,10 +40,14 @@ class TokenBudgetBatchSampler:
         return batches
 
     def _rank_batches(self) -> list[list[int]]:
+        """This rank's batches of the current epoch, computed once per epoch (both len() and iter() need them)."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
         batches = self._all_batches()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             world, rank = dist.get_world_size(), dist.get_rank()
             batches = batches[: len(batches) - len(batches) % world][rank::world]  # equal counts per rank
+        self._cached = (self.epoch, batches)
         return batches
 
     def __iter__(self):
