@@ -231,6 +231,19 @@ def test_generate_refuses_a_checkpoint_that_runs_code(cli, tmp_path, ckpt):
     assert not marker.exists(), "loading the checkpoint ran the embedded command"
 
 
+def test_evaluating_a_checkpoint_that_runs_code_is_refused(cli, tmp_path, ckpt):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    data = torch.load(ckpt, map_location="cpu", weights_only=True)
+    data["payload"] = _RunsCodeWhenUnpickled(marker)
+    torch.save(data, evil)
+    result = cli("test", "--config", DEBUG_YAML, "--run.wandb", "disabled", *FAST_TRAINER, *DEBUG_DATA,
+                 "--run.root", tmp_path, "--ckpt_path", evil)
+    assert result.code == 2 and "refusing" in result.err
+    assert "Traceback" not in result.err
+    assert not marker.exists(), "--ckpt_path loaded the checkpoint with weights_only=False"
+
+
 # ---- validate / test / predict ------------------------------------------------------------------
 
 EVAL_ARGS = ["--config", DEBUG_YAML, "--run.wandb", "disabled", *FAST_TRAINER, *DEBUG_DATA]

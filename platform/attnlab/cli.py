@@ -7,6 +7,7 @@ checkpoint and translates or continues text. User mistakes print one clear line 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 
 from attnlab.errors import AttnlabError
@@ -45,6 +46,9 @@ def find_user_error(err: BaseException | None) -> AttnlabError | None:
     while err is not None and id(err) not in seen:
         if isinstance(err, AttnlabError):
             return err
+        if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) met code to run
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            return AttnlabError(f"refusing a checkpoint that holds objects which could run code when loaded ({reason})")
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None

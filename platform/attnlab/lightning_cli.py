@@ -45,6 +45,14 @@ class AttnlabCLI(LightningCLI):
         family's class; FamilyModule.on_load_checkpoint checks the family instead.)
         """
 
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
+        """Checkpoints given with --ckpt_path load with weights_only=True unless asked otherwise:
+        a checkpoint from elsewhere must not be able to run code."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "weights_only" in self._subcommand_method_arguments[subcommand] and kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = True
+        return kwargs
+
     def _experiment_name(self) -> str:
         """run.name, else the config's path under experiments/ without .yaml (multi30k/decoder_only)."""
         options = self._get(self.config, "run")
