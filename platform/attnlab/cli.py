@@ -11,6 +11,7 @@ import pickle
 import sys
 
 from attnlab.errors import AttnlabError
+from attnlab.runtime import tune_allocator
 
 LIGHTNING_VERBS = {
     "fit": "train a model: attnlab fit --config experiments/decoder_only.yaml",
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_help())
         return 0
     verb = argv[0]
+    tune_allocator()
     try:
         if verb in VERB_MAINS:
             return VERB_MAINS[verb](argv[1:])

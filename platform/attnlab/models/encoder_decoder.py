@@ -12,7 +12,7 @@ from attnlab.components.masks import causal_mask, padding_mask
 
 @dataclass
 class EncodedSource:
-    memory: torch.Tensor  # (B, S, d)
+    memory: torch.Tensor | None  # (B, S, d); None once every layer's cross-attention K/V are cached
     mask: torch.Tensor  # (B, 1, 1, S) bool, True on real source tokens
 
 
@@ -27,7 +27,7 @@ class DecoderState:
     def reorder(self, index: torch.Tensor) -> None:
         for cache in self.caches:
             cache.reorder(index)
-        self.source = EncodedSource(self.source.memory.index_select(0, index), self.source.mask.index_select(0, index))
+        self.source = EncodedSource(None, self.source.mask.index_select(0, index))
 
 
 class EncoderDecoderModel(nn.Module):
@@ -94,5 +94,5 @@ class EncoderDecoderModel(nn.Module):
         for cache, layer in zip(caches, self.decoder.layers):
             k, v = layer.cross_attn.inner.project_kv(source.memory)
             cache.cross_attn.update(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
-        expanded = EncodedSource(source.memory.repeat_interleave(repeat, 0), source.mask.repeat_interleave(repeat, 0))
-        return DecoderState(caches, expanded)
+        # The memory itself is no longer needed (and not copied per beam step): only its mask is.
+        return DecoderState(caches, EncodedSource(None, source.mask.repeat_interleave(repeat, 0)))
