@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.averaging import CheckpointAveraging
 from attnlab.modules.base import FamilyModule
 from attnlab.run_logging import RunOptions, build_loggers, describe_run
 from data_modules.base import TokenizedDataModule
@@ -91,7 +92,7 @@ class AttnlabCLI(LightningCLI):
         checkpoint = self.trainer.checkpoint_callback
         if stage == "fit" and checkpoint is not None and checkpoint.best_model_path:
             print(f"\nbest checkpoint: {checkpoint.best_model_path}")
-        averaged = [c.path for c in self.trainer.callbacks if getattr(c, "path", None) and hasattr(c, "last_k")]
+        averaged = [c.path for c in self.trainer.callbacks if isinstance(c, CheckpointAveraging) and c.path]
         if stage == "fit" and averaged:
             print(f"averaged checkpoint: {averaged[0]}")
         for line in describe_run(self.trainer.loggers):

@@ -94,6 +94,16 @@ class FamilyModule(L.LightningModule):
         """Longest position index + 1 that training and generation use for one example."""
         raise NotImplementedError
 
+    def max_output_length(self, source_length):
+        """Most tokens to generate: generation.max_new_tokens, else the paper's source length + 50.
+
+        Works on an int or on a tensor of source lengths (one budget per row).
+        """
+        configured = self.sampling.max_new_tokens
+        if configured is None:
+            return source_length + 50
+        return torch.full_like(source_length, configured) if torch.is_tensor(source_length) else configured
+
     # ---- Lightning hooks ---------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None

@@ -27,19 +27,15 @@ class DecoderOnly(FamilyModule):
         n_inputs = int((tokens != ids.pad).sum())
         return loss_sum, nll_sum, int(labelled.sum()), n_inputs
 
-    def max_new_tokens(self, source_length: int) -> int:
-        configured = self.sampling.max_new_tokens
-        return configured if configured is not None else source_length + 50
-
     def positions_needed(self, source_length: int, target_length: int) -> int:
         if source_length == 0:  # plain LM: [bos] target, no generation
             return 1 + target_length
-        generated = self.max_new_tokens(source_length) - 1  # the last token is never fed back
+        generated = self.max_output_length(source_length) - 1  # the last token is never fed back
         return source_length + 2 + max(target_length + 1, generated)
 
     def generate_ids(self, batch):
         prompts = prompts_of(batch, self.special.bos, self.special.sep)
-        max_new = self.max_new_tokens(int(batch["source_lengths"].max()))
+        max_new = self.max_output_length(int(batch["source_lengths"].max()))
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
             return generate_beam(self.model, prompts, max_new, ids.eos, ids.pad, cfg.beam_size, cfg.length_penalty)

@@ -40,18 +40,13 @@ class EncoderDecoder(FamilyModule):
         n_inputs = int(source_valid.sum()) + int((decoder_in != self.special.pad).sum())
         return loss_sum, nll_sum, int(labelled.sum()), n_inputs
 
-    def max_length(self, source_length):
-        """Longest output: generation.max_new_tokens, else the paper's source length + 50."""
-        configured = self.sampling.max_new_tokens
-        return source_length + 50 if configured is None else source_length * 0 + configured
-
     def positions_needed(self, source_length: int, target_length: int) -> int:
-        return max(source_length + 1, target_length + 1, self.max_length(source_length))
+        return max(source_length + 1, target_length + 1, self.max_output_length(source_length))
 
     def generate_ids(self, batch):
         source, source_valid, _, _ = self._frame(batch)
         encoded, _ = self.model.encode(source, source_valid)
-        max_lengths = self.max_length(batch["source_lengths"])
+        max_lengths = self.max_output_length(batch["source_lengths"])
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths, ids.bos, ids.eos, cfg.beam_size, cfg.length_penalty)
