@@ -11,7 +11,7 @@ SHORT = [
 ]
 
 
-@pytest.mark.parametrize("config", ["encoder_decoder.yaml", "decoder_only.yaml"])
+@pytest.mark.parametrize("config", ["encoder_decoder.yaml", "decoder_only.yaml", "block_diffusion.yaml"])
 def test_a_short_run_beats_the_untrained_model(cli, tmp_path, config):
     args = ["--config", EXPERIMENTS / config, "--run.root", tmp_path, *SHORT]
     untrained = cli("validate", *args, "--run.version", "untrained")

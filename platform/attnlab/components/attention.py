@@ -12,6 +12,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab.components.config import BackboneConfig
 from attnlab.components.positional import Rotary, apply_rotary
@@ -40,10 +41,30 @@ class KVCache:
             self.v = torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
+    def fork(self) -> "KVCache":
+        """A cache that starts from this one's keys and values (no copy) but whose updates stay
+        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised."""
+        other = KVCache(self.static)
+        other.k, other.v = self.k, self.v
+        return other
+
     def reorder(self, index: torch.Tensor) -> None:
         """Select rows (beam search keeps the surviving hypotheses)."""
         if self.k is not None:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+_compiled_flex = None
+
+
+def flex_attention_for(q: torch.Tensor):
+    """Compiled FlexAttention on GPU (eager flex is a slow O(L²) reference); eager on CPU, for tests."""
+    global _compiled_flex
+    if not q.is_cuda:
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
 
 
 def math_attention(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
@@ -117,7 +138,9 @@ class MultiHeadAttention(nn.Module):
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if self.backend == "math" or need_weights:
+        if isinstance(mask, BlockMask):  # block diffusion on GPU; the model falls back to dense masks otherwise
+            out = flex_attention_for(q)(q, k, v, block_mask=mask)
+        elif self.backend == "math" or need_weights:
             out, weights = math_attention(q, k, v, mask, is_causal, dropout_p)
         else:
             out = F.scaled_dot_product_attention(

@@ -47,3 +47,50 @@ def prefix_mask(prefix_lengths: torch.Tensor, key_valid: torch.Tensor) -> torch.
     in_prefix = lengths_to_valid(prefix_lengths, n)
     both_in_prefix = in_prefix[:, None, :, None] & in_prefix[:, None, None, :]
     return causal_padding_mask(key_valid, n) | (both_in_prefix & padding_mask(key_valid))
+
+
+def block_diffusion_visible(q_block, k_block, q_noisy, k_noisy):
+    """The BD3-LM attention rule on block indices (-1 = padding), elementwise and broadcastable.
+
+    A noisy token sees its own noisy block (M_BD) and clean tokens of strictly earlier blocks
+    (M_OBC); a clean token sees clean tokens of its own and earlier blocks (M_BC); no clean
+    token ever sees a noisy one. Shared by the dense mask and the FlexAttention mask_mod.
+    """
+    real = (q_block >= 0) & (k_block >= 0)
+    same, earlier = q_block == k_block, k_block < q_block
+    visible = (q_noisy & k_noisy & same) | (q_noisy & ~k_noisy & earlier) | (~q_noisy & ~k_noisy & (earlier | same))
+    return real & visible
+
+
+def diffusion_layout(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
+    """Block index and noisy flag of every token of `x_t ⊕ x_0`, each (B, Ln+Lc)."""
+    blocks = torch.cat((noisy_blocks, clean_blocks), dim=1)
+    noisy = torch.zeros_like(blocks, dtype=torch.bool)
+    noisy[:, : noisy_blocks.shape[1]] = True
+    return blocks, noisy
+
+
+def block_diffusion_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor) -> torch.Tensor:
+    """(B, 1, Ln+Lc, Ln+Lc) dense mask of the vectorized input `x_t ⊕ x_0`.
+
+    `noisy_blocks` (B, Ln) and `clean_blocks` (B, Lc) give each token's block index (-1 for
+    batch padding, which sees only itself).
+    """
+    blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
+    visible = block_diffusion_visible(blocks[:, :, None], blocks[:, None, :], noisy[:, :, None], noisy[:, None, :])
+    n = blocks.shape[1]
+    return (visible | torch.eye(n, dtype=torch.bool, device=blocks.device))[:, None]
+
+
+def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
+    """The same mask as a FlexAttention BlockMask (sparse: fully hidden tiles are skipped)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
+
+    def mask_mod(b, h, q, k):
+        visible = block_diffusion_visible(blocks[b, q], blocks[b, k], noisy[b, q], noisy[b, k])
+        return visible | (q == k)
+
+    n = blocks.shape[1]
+    return create_block_mask(mask_mod, blocks.shape[0], None, n, n, device=blocks.device)

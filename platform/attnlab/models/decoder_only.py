@@ -19,6 +19,11 @@ class DecodeState:
     key_positions: torch.Tensor  # (B, Lk)
     next_position: torch.Tensor  # (B,) position of the next real token
 
+    @classmethod
+    def empty(cls, caches: list[LayerCache], batch_size: int, device=None) -> "DecodeState":
+        nothing = torch.zeros(batch_size, 0, device=device)
+        return cls(caches, nothing.bool(), nothing.long(), torch.zeros(batch_size, dtype=torch.long, device=device))
+
     def reorder(self, index: torch.Tensor) -> None:
         for cache in self.caches:
             cache.reorder(index)
@@ -33,11 +38,7 @@ class DecoderOnlyModel(nn.Module):
         self.stack = TransformerStack(cfg, vocab_size, pad_id=pad_id)
 
     def new_state(self, batch_size: int, device=None) -> DecodeState:
-        empty = torch.zeros(batch_size, 0, device=device)
-        return DecodeState(
-            self.stack.new_caches(), empty.bool(), empty.long(),
-            torch.zeros(batch_size, dtype=torch.long, device=device),
-        )
+        return DecodeState.empty(self.stack.new_caches(), batch_size, device)
 
     def hidden(self, tokens, valid=None, state: DecodeState | None = None, need_weights=False):
         """Final hidden states (B, L, d) and per-layer attention weights.

@@ -1,6 +1,8 @@
 """Turn the shared batch schema into each family's token layout, vectorised over the batch."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 IGNORE = -100  # label value that carries no loss
@@ -62,3 +64,59 @@ def frame_source_target(batch: dict, bos: int, eos: int, pad: int):
     decoder_in = torch.where(jt == 0, bos, torch.where(jt <= lt, _take(target, jt - 1), pad))
     labels = torch.where(jt < lt, _take(target, jt), torch.where(jt == lt, eos, IGNORE))
     return src, js <= ls, decoder_in, labels
+
+
+@dataclass
+class BlockFrame:
+    """A batch laid out for block diffusion.
+
+    clean          (B, Wc) `[bos] source [sep] target [eos] eos…`, right-padded with pad; the
+                   target region is filled with eos up to a multiple of the block size
+    clean_blocks   (B, Wc) 0 on the prefix, 1, 2, … on target blocks, -1 on batch padding
+    target_start   (B,) where the target region starts (the prefix length)
+    region         (B,) target region length (a block multiple)
+    n_targets      (B,) real target tokens (+ eos in conditional mode): the NLL denominator
+    """
+
+    clean: torch.Tensor
+    clean_blocks: torch.Tensor
+    target_start: torch.Tensor
+    region: torch.Tensor
+    n_targets: torch.Tensor
+    block_size: int
+    pad: int
+
+    def target_view(self):
+        """Tokens, block indices (-1 = padding) and positions of the target regions, (B, Wn) each."""
+        i = torch.arange(int(self.region.max()), device=self.clean.device)[None, :]
+        inside = i < self.region[:, None]
+        positions = torch.where(inside, self.target_start[:, None] + i, 0)
+        tokens = torch.where(inside, self.clean.gather(1, positions), self.pad)
+        blocks = torch.where(inside, i // self.block_size + 1, -1)
+        return tokens, blocks, positions
+
+
+def frame_blocks(batch: dict, bos: int, sep: int, eos: int, pad: int, block_size: int) -> BlockFrame:
+    """Conditional mode: prefix `[bos] source [sep]`, target `target [eos]` in blocks.
+
+    Plain LM data (no source) becomes prefix `[bos]` and target `target` in blocks. Either way
+    the last block is filled with eos: sampling generates whole blocks, so the model learns
+    that what follows eos is eos. Batch padding is never a target.
+    """
+    source, target = batch["source"], batch["target"]
+    ls, lt = batch["source_lengths"][:, None], batch["target_lengths"][:, None]
+    lm_mode = source.shape[1] == 0
+    start = torch.ones_like(ls) if lm_mode else ls + 2
+    n_targets = lt + (0 if lm_mode else 1)
+    region = (n_targets + block_size - 1) // block_size * block_size
+    j = torch.arange(int((start + region).max()), device=target.device)[None, :]
+    tokens = torch.full_like(j.expand(len(target), -1), pad)
+    tokens = torch.where(j == 0, bos, tokens)
+    if not lm_mode:
+        tokens = torch.where((j >= 1) & (j <= ls), _take(source, j - 1), tokens)
+        tokens = torch.where(j == ls + 1, sep, tokens)
+    in_target = (j >= start) & (j < start + lt)
+    tokens = torch.where(in_target, _take(target, j - start), tokens)
+    tokens = torch.where((j >= start + lt) & (j < start + region), eos, tokens)
+    blocks = torch.where(j < start, 0, torch.where(j < start + region, (j - start) // block_size + 1, -1))
+    return BlockFrame(tokens, blocks, start[:, 0], region[:, 0], n_targets[:, 0], block_size, pad)

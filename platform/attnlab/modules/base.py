@@ -26,20 +26,30 @@ def _coerce(cls, value):
     return replace(value) if isinstance(value, cls) else cls(**value)
 
 
-def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
-    """Summed training loss (label-smoothed) and summed NLL over the labelled positions.
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, excluded: int | None = None):
+    """Per-token training loss (label-smoothed) and NLL, each (N,).
 
     One log-softmax serves both (the vocabulary-wide softmax is a large share of a CPU step):
     smoothed = (1 - eps) * nll + eps * mean over the vocabulary of -log p, as in torch's
-    cross_entropy(label_smoothing=eps).
+    cross_entropy(label_smoothing=eps). An `excluded` token (block diffusion's mask, whose
+    logit is -inf) is left out of the smoothing mean.
     """
     log_probs = logits.log_softmax(dim=-1)
     nll = -log_probs.gather(1, labels[:, None]).squeeze(1)
     if not label_smoothing:
-        total = nll.sum()
-        return total, total
-    uniform = -log_probs.mean(dim=-1)
-    return ((1 - label_smoothing) * nll + label_smoothing * uniform).sum(), nll.sum()
+        return nll, nll
+    if excluded is None:
+        uniform = -log_probs.mean(dim=-1)
+    else:
+        uniform = -log_probs.index_fill(-1, torch.tensor([excluded], device=logits.device), 0.0).sum(-1)
+        uniform = uniform / (logits.shape[-1] - 1)
+    return (1 - label_smoothing) * nll + label_smoothing * uniform, nll
+
+
+def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
+    """Summed training loss (label-smoothed) and summed NLL over the labelled positions."""
+    smoothed, nll = token_losses(logits, labels, label_smoothing)
+    return smoothed.sum(), nll.sum()
 
 
 class FamilyModule(L.LightningModule):

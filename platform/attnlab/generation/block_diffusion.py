@@ -1,0 +1,94 @@
+"""Block-diffusion sampling: blocks left to right, each denoised from all-mask in a few steps.
+
+Each step proposes a token for every masked position and keeps the k most confident (or k
+random) ones; after the last step the block is clean, and its keys and values join the cache
+in the first call of the next block. `use_cache=False` recomputes everything through the training
+path each step: the reference the cached sampler must match.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnlab.generation.decoder_only import left_pad, strip_after_eos
+from attnlab.generation.sampling import SamplingConfig, choose_next
+
+UNMASKING = ("confidence", "random")
+
+
+def unmask_schedule(block_size: int, steps: int) -> list[int]:
+    """How many tokens each step reveals: `steps` near-equal counts that sum to the block size."""
+    return [block_size // steps + (1 if s < block_size % steps else 0) for s in range(steps)]
+
+
+def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Turn an all-mask (B, n) block into tokens in `steps` model calls."""
+    rows, n = block.shape
+    for count in unmask_schedule(n, steps):
+        logits = logits_of(block)
+        proposal = choose_next(logits.reshape(rows * n, -1), sampling, generator).view(rows, n)
+        if unmasking == "confidence":
+            score = logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
+        else:
+            score = torch.rand(rows, n, generator=generator, device=block.device)
+        score = score.masked_fill(block != mask_id, float("-inf"))
+        reveal = score.topk(count, dim=1).indices
+        block = block.scatter(1, reveal, proposal.gather(1, reveal))
+    return block
+
+
+@torch.no_grad()
+def sample_blocks(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    block_size: int,
+    steps: int,
+    eos_id: int,
+    pad_id: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    unmasking: str = "confidence",
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Generate after each prompt until every row has produced eos or `max_new_tokens` are out."""
+    device = next(model.parameters()).device
+    mask_id = model.mask_id
+    tokens, valid = left_pad(prompts, pad_id, device)
+    rows = len(prompts)
+    if use_cache:
+        state = model.new_state(rows, device)
+        to_commit = [(tokens, valid)]  # joins the cache in the next call
+
+        def cached_logits(x):
+            clean, clean_valid = to_commit.pop() if to_commit else (None, None)
+            return model.advance(clean, clean_valid, x, state)
+    else:
+        clean, clean_blocks = tokens, torch.where(valid, 0, -1)
+        clean_positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+        next_position = valid.long().sum(1)
+    offsets = torch.arange(block_size, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    blocks = []
+    for b in range((max_new_tokens + block_size - 1) // block_size):
+        empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
+        if use_cache:
+            block = denoise_block(empty, cached_logits, steps, mask_id, sampling, unmasking, generator)
+            to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
+        else:
+            positions = next_position[:, None] + offsets
+            noisy_blocks = torch.full_like(empty, b + 1)
+
+            def logits_of(x):
+                return model.logits(model.denoise(x, noisy_blocks, positions, clean, clean_blocks, clean_positions))
+
+            block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator)
+            clean = torch.cat((clean, block), dim=1)
+            clean_blocks = torch.cat((clean_blocks, noisy_blocks), dim=1)
+            clean_positions = torch.cat((clean_positions, positions), dim=1)
+            next_position = next_position + block_size
+        blocks.append(block)
+        done = done | (block == eos_id).any(dim=1)
+        if bool(done.all()):
+            break
+    return strip_after_eos(torch.cat(blocks, dim=1)[:, :max_new_tokens], eos_id)

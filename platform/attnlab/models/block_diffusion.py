@@ -1,0 +1,97 @@
+"""BD3-LM: autoregressive over blocks, masked diffusion inside a block, on the shared stack.
+
+Training sees `x_t ⊕ x_0` in one pass (both halves at the same positions) under the
+block-diffusion mask. Sampling denoises one block at a time against the clean blocks' cached
+keys and values, which is exact because clean tokens never attend to noisy ones.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.components import BackboneConfig, LayerCache, TransformerStack
+from attnlab.components.masks import block_diffusion_flex_mask, block_diffusion_mask, padding_mask, self_mask
+from attnlab.errors import ConfigError
+from attnlab.models.decoder_only import DecodeState
+
+MASK_BACKENDS = ("auto", "dense", "flex")
+
+
+class BlockDiffusionModel(nn.Module):
+    def __init__(self, cfg: BackboneConfig, vocab_size: int, pad_id: int, mask_id: int, mask_backend: str = "auto"):
+        super().__init__()
+        if mask_backend not in MASK_BACKENDS:
+            raise ConfigError(f"model.init_args.mask_backend={mask_backend!r} is not one of {', '.join(MASK_BACKENDS)}")
+        self.stack = TransformerStack(cfg, vocab_size, pad_id=pad_id)
+        self.mask_id = mask_id
+        self.mask_backend = mask_backend
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output logits with the mask token ruled out (SUBS: the model never predicts a mask)."""
+        logits = self.stack.embedding.logits(hidden)
+        return logits.index_fill(-1, torch.tensor([self.mask_id], device=logits.device), float("-inf"))
+
+    def _use_flex(self, tokens: torch.Tensor) -> bool:
+        """Flex where it is fast (compiled, GPU) and computes the same function: no additive
+        position bias (ALiBi), no attention dropout, no need for the weights."""
+        if self.mask_backend == "flex" and not tokens.is_cuda and torch.is_grad_enabled():
+            raise ConfigError(
+                "model.init_args.mask_backend=flex cannot train on CPU (FlexAttention has no CPU backward): "
+                "use auto (flex on GPU, dense masks on CPU) or dense"
+            )
+        if self.mask_backend != "auto":
+            return self.mask_backend == "flex"
+        cfg = self.stack.cfg
+        no_dropout = not (self.training and cfg.attention_dropout)
+        return tokens.is_cuda and cfg.positional != "alibi" and cfg.backend == "sdpa" and no_dropout
+
+    def denoise(self, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None):
+        """Hidden states (B, Ln, d) of the noisy tokens, given the clean sequence.
+
+        Block indices are -1 on padding; clean positions default to 0..Lc-1 (right padding).
+        """
+        if clean_positions is None:
+            clean_positions = torch.arange(clean.shape[1], device=clean.device).expand_as(clean)
+        tokens = torch.cat((noisy, clean), dim=1)
+        positions = torch.cat((noisy_positions, clean_positions), dim=1)
+        build = block_diffusion_flex_mask if self._use_flex(tokens) else block_diffusion_mask
+        hidden, _ = self.stack(tokens, positions, mask=build(noisy_blocks, clean_blocks))
+        return hidden[:, : noisy.shape[1]]
+
+    # ---- incremental: the sampler's path ---------------------------------------------------------
+    def new_state(self, batch_size: int, device=None) -> DecodeState:
+        return DecodeState.empty(self.stack.new_caches(), batch_size, device)
+
+    def advance(self, clean, clean_valid, noisy, state: DecodeState) -> torch.Tensor:
+        """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.
+
+        `clean` (the prompt, with `clean_valid` marking its left padding, or the block just
+        finished; None for none) joins the cache in the same forward pass: its tokens see the
+        cache and each other, never the noisy block. The noisy block's keys are dropped again,
+        so denoising a block costs one call per step and nothing extra to commit it.
+        """
+        rows, device = noisy.shape[0], noisy.device
+        if clean is None:
+            clean = noisy.new_zeros(rows, 0)
+            clean_valid = torch.ones_like(clean, dtype=torch.bool)
+        clean_positions = (state.next_position[:, None] + clean_valid.long().cumsum(1) - 1).clamp(min=0)
+        next_position = state.next_position + clean_valid.long().sum(1)
+        noisy_positions = next_position[:, None] + torch.arange(noisy.shape[1], device=device)
+        n_cached, n_clean = state.key_valid.shape[1], clean.shape[1]
+        key_valid = torch.cat((state.key_valid, clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1)
+        key_positions = torch.cat((state.key_positions, clean_positions, noisy_positions), dim=1)
+        n_queries, n_keys = n_clean + noisy.shape[1], key_valid.shape[1]
+        noisy_query = torch.arange(n_queries, device=device)[:, None] >= n_clean
+        noisy_key = torch.arange(n_keys, device=device)[None, :] >= n_cached + n_clean
+        mask = (padding_mask(key_valid) & (noisy_query | ~noisy_key)) | self_mask(n_queries, n_keys, device)
+        forks = [LayerCache(self_attn=cache.self_attn.fork()) for cache in state.caches]
+        hidden, _ = self.stack(
+            torch.cat((clean, noisy), dim=1), torch.cat((clean_positions, noisy_positions), dim=1),
+            mask=mask, key_positions=key_positions, caches=forks,
+        )
+        kept = n_cached + n_clean
+        for cache, fork in zip(state.caches, forks):
+            cache.self_attn.k, cache.self_attn.v = fork.self_attn.k[:, :, :kept], fork.self_attn.v[:, :, :kept]
+        state.key_valid, state.key_positions = key_valid[:, :kept], key_positions[:, :kept]
+        state.next_position = next_position
+        return self.logits(hidden[:, n_clean:])

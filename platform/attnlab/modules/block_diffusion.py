@@ -1,0 +1,165 @@
+"""BlockDiffusion: BD3-LM (Arriola et al., 2025) as a LightningModule.
+
+The prefix `[bos] source [sep]` stays clean; the target is cut into blocks of `block_size`.
+Training: one noise level t per block, every target token of the block masked with
+probability t, the cross-entropy of masked tokens weighted by 1/t (the NELBO of the
+log-linear schedule). `val/nll` is that bound with t over [eval_noise_floor, 1], per target
+token. block_size 1 is autoregressive; a block as long as the target is a masked diffusion LM.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnlab.errors import ConfigError
+from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
+from attnlab.models.block_diffusion import BlockDiffusionModel
+from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
+from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
+from attnlab.modules.base import FamilyModule, token_losses
+
+
+def _check_range(name: str, value) -> tuple[float, float]:
+    low, high = (float(v) for v in value) if len(value) == 2 else (None, None)
+    if low is None or not 0.0 < low < high <= 1.0:
+        raise ConfigError(f"model.init_args.{name}={list(value)} must be [low, high] with 0 < low < high <= 1")
+    return low, high
+
+
+class BlockDiffusion(FamilyModule):
+    family = "block_diffusion"
+
+    def __init__(
+        self,
+        *args,
+        block_size: int = 4,
+        denoising_steps: int | None = None,
+        unmasking: str = "confidence",
+        noise_range: tuple[float, float] = (1e-3, 1.0),
+        noise_search: list[list[float]] | None = None,
+        eval_noise_floor: float = 1e-3,
+        antithetic: bool = True,
+        mask_backend: str = "auto",
+        **kwargs,
+    ):
+        """noise_range: the training t range [β, ω] (BD3-LM clips it, e.g. [0.5, 1] for block 4).
+        noise_search: candidate ranges; each validation epoch of `fit` measures the variance of
+        the per-sequence loss under each and trains on the lowest.
+        denoising_steps: model calls per block when sampling (default: block_size, one token each).
+        """
+        super().__init__(*args, **kwargs)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"model.init_args.block_size={block_size!r} must be an integer >= 1")
+        steps = block_size if denoising_steps is None else denoising_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= block_size:
+            raise ConfigError(
+                f"model.init_args.denoising_steps={denoising_steps!r} must be an integer from 1 to "
+                f"block_size={block_size} (or null: one step per token)"
+            )
+        if unmasking not in UNMASKING:
+            raise ConfigError(f"model.init_args.unmasking={unmasking!r} is not one of {', '.join(UNMASKING)}")
+        if not 0.0 < eval_noise_floor < 1.0:
+            raise ConfigError(f"model.init_args.eval_noise_floor={eval_noise_floor} must be in (0, 1)")
+        if self.sampling.beam_size != 1:
+            raise ConfigError("generation.beam_size must be 1 for BlockDiffusion (it samples whole blocks, not beams)")
+        self.noise_candidates = [_check_range("noise_search", c) for c in (noise_search or [])]
+        self.block_size, self.denoising_steps, self.unmasking = block_size, steps, unmasking
+        self.eval_noise_floor, self.antithetic = eval_noise_floor, antithetic
+        self.hparams.update(
+            block_size=block_size, denoising_steps=denoising_steps, unmasking=unmasking,
+            noise_range=list(noise_range), noise_search=noise_search, eval_noise_floor=eval_noise_floor,
+            antithetic=antithetic, mask_backend=mask_backend,
+        )
+        # A buffer, so the range chosen by noise_search is saved with the weights and resumed.
+        self.register_buffer("train_noise", torch.tensor(_check_range("noise_range", noise_range)))
+        self.model = BlockDiffusionModel(self.backbone, self.vocab_size, self.special.pad, self.special.mask, mask_backend)
+        self._eval_noise = torch.Generator()
+        self._variance_stats: dict[int, list[float]] = {}
+
+    # ---- the NELBO --------------------------------------------------------------------------------
+    def _frame(self, batch: dict) -> BlockFrame:
+        ids = self.special
+        return frame_blocks(batch, ids.bos, ids.sep, ids.eos, ids.pad, self.block_size)
+
+    def _generator(self, device) -> torch.Generator | None:
+        """Evaluation draws its noise from a generator reseeded every epoch: val/nll is comparable
+        across epochs and checkpoints. Training uses the global stream (seed_everything)."""
+        if self.training:
+            return None
+        if self._eval_noise.device != device:
+            self._eval_noise = torch.Generator(device).manual_seed(0)
+        return self._eval_noise
+
+    def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None):
+        """Per-row weighted training loss and NLL sums (B,) under t ~ U[low, high] per block
+        (or the given (B, n_blocks) t)."""
+        target, blocks, positions = frame.target_view()
+        if t is None:
+            n_blocks = target.shape[1] // self.block_size
+            t = sample_block_times(len(target), n_blocks, low, high, self.antithetic, generator, target.device)
+        noisy, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator)
+        hidden = self.model.denoise(noisy, blocks, positions, frame.clean, frame.clean_blocks)
+        logits = self.model.logits(hidden[masked]).float()
+        smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
+        weight = 1.0 / t_token[masked]
+        rows = masked.nonzero()[:, 0]
+        per_row = torch.zeros(len(target), 2, device=target.device, dtype=logits.dtype)
+        per_row.index_add_(0, rows, torch.stack((smoothed * weight, nll * weight), dim=1))
+        return per_row[:, 0], per_row[:, 1]
+
+    def loss_terms(self, batch):
+        frame = self._frame(batch)
+        low, high = self.train_noise.tolist() if self.training else (self.eval_noise_floor, 1.0)
+        loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device))
+        n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
+        return loss.sum(), nll.sum(), int(frame.n_targets.sum()), n_inputs
+
+    # ---- noise-range search -------------------------------------------------------------------------
+    def on_validation_epoch_start(self):
+        super().on_validation_epoch_start()
+        self._eval_noise = torch.Generator(self.device).manual_seed(0)
+        self._variance_stats = {}
+
+    def on_test_epoch_start(self):
+        super().on_test_epoch_start()
+        self._eval_noise = torch.Generator(self.device).manual_seed(0)
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if self.noise_candidates and not self.trainer.sanity_checking and self.trainer.state.fn == "fit":
+            frame = self._frame(batch)
+            for i, (low, high) in enumerate(self.noise_candidates):
+                loss, _ = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device))
+                per_token = loss / frame.n_targets
+                stats = self._variance_stats.setdefault(i, [0.0, 0.0, 0.0])
+                stats[0] += len(per_token)
+                stats[1] += float(per_token.sum())
+                stats[2] += float((per_token**2).sum())
+
+    def on_validation_epoch_end(self):
+        super().on_validation_epoch_end()
+        if not self._variance_stats:
+            return
+        variances = {}
+        for i, (n, total, squares) in self._variance_stats.items():
+            variances[i] = squares / n - (total / n) ** 2
+        best = min(variances, key=variances.get)
+        self.train_noise.copy_(torch.tensor(self.noise_candidates[best]))
+        low, high = self.noise_candidates[best]
+        self.log_dict({"val/noise_low": low, "val/noise_high": high, "val/noise_loss_var": variances[best]}, batch_size=1)
+
+    # ---- generation ---------------------------------------------------------------------------------
+    def positions_needed(self, source_length: int, target_length: int) -> int:
+        prefix = 1 if source_length == 0 else source_length + 2
+        targets = target_length + (0 if source_length == 0 else 1)
+        trained = -(-targets // self.block_size) * self.block_size
+        generated = 0 if source_length == 0 else -(-self.max_output_length(source_length) // self.block_size) * self.block_size
+        return prefix + max(trained, generated)
+
+    def generate_ids(self, batch):
+        ids = self.special
+        prompts = prompts_of(batch, ids.bos, ids.sep)
+        max_new = self.max_output_length(int(batch["source_lengths"].max()))
+        return sample_blocks(
+            self.model, prompts, max_new, self.block_size, self.denoising_steps, ids.eos, ids.pad,
+            self.sampling, self.unmasking,
+        )

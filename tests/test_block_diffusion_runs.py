@@ -1,0 +1,53 @@
+"""BlockDiffusion end to end through `attnlab`: metric keys, noise-range search, checkpoints, generate."""
+import pytest
+import torch
+
+from conftest import EXPERIMENTS, FAST_TRAINER, read_metrics
+
+CANDIDATES = [[0.001, 1.0], [0.5, 1.0], [0.2, 0.6]]
+
+
+@pytest.fixture(scope="module")
+def bd_run(tmp_path_factory):
+    from conftest import run_main
+
+    root = tmp_path_factory.mktemp("bd_runs")
+    result = run_main([
+        "fit", "--config", EXPERIMENTS / "block_diffusion.yaml", "--run.root", root, "--run.version", "tiny",
+        *FAST_TRAINER, "--run.wandb", "disabled", "--trainer.max_steps", "4", "--data.init_args.batch_size", "16",
+        "--model.init_args.backbone.d_model", "32", "--model.init_args.backbone.n_layers", "1",
+        "--model.init_args.backbone.d_ff", "64", "--model.init_args.noise_search", str(CANDIDATES),
+        "--data.init_args.n_train", "64", "--data.init_args.n_val", "64", "--data.init_args.n_test", "64",
+        "--data.init_args.vocab_size", "300", "--data.init_args.max_eval_examples", "8",
+    ], cwd=root)
+    assert result.code == 0, result.err[-3000:]
+    return result, root / "block_diffusion" / "tiny"
+
+
+def test_fit_logs_the_common_metric_keys(bd_run):
+    _, run_dir = bd_run
+    metrics = read_metrics(run_dir)
+    for key in ("train/loss", "val/nll", "val/ppl", "val/bleu", "val/chrf", "val/exact_match", "val/gen_tokens_per_s"):
+        assert metrics.get(key), f"{key} missing from {run_dir / 'metrics.csv'}"
+    assert metrics["val/gen_tokens_per_s"][-1] > 0
+
+
+def test_noise_search_trains_on_the_lowest_variance_candidate(bd_run):
+    _, run_dir = bd_run
+    metrics = read_metrics(run_dir)
+    chosen = [metrics["val/noise_low"][-1], metrics["val/noise_high"][-1]]
+    assert chosen in [pytest.approx(c) for c in CANDIDATES]
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert state["train_noise"].tolist() == pytest.approx(chosen)
+
+
+def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):
+    from attnlab.checkpoint import load_checkpoint
+
+    ckpt = bd_run[1] / "checkpoints" / "last.ckpt"
+    module, _ = load_checkpoint(ckpt)
+    assert module.family == "block_diffusion" and module.block_size == 4 and module.denoising_steps == 2
+    expected = module.translate(["twenty one", "three hundred four"])
+    result = cli("generate", ckpt, "twenty one", "three hundred four")
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == expected
