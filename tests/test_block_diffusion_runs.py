@@ -51,3 +51,24 @@ def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):
     result = cli("generate", ckpt, "twenty one", "three hundred four")
     assert result.code == 0, result.err
     assert result.out.splitlines() == expected
+
+
+@pytest.mark.parametrize("prompt_len", [0, 6])
+def test_plain_text_trains_in_language_model_and_prompt_modes(cli, tmp_path, prompt_len):
+    """prompt_len 0: `[bos]` then every chunk token in blocks; > 0: the chunk's head is the clean prefix."""
+    lines = [f"line {i} says {' '.join(str(j) for j in range(i % 7 + 2))}" for i in range(200)]
+    (tmp_path / "train.txt").write_text("\n".join(lines[:160]), encoding="utf-8")
+    (tmp_path / "val.txt").write_text("\n".join(lines[160:]), encoding="utf-8")
+    (tmp_path / "lm.yaml").write_text(
+        "model:\n  class_path: attnlab.BlockDiffusion\n  init_args:\n    block_size: 4\n"
+        "    backbone: {d_model: 32, n_heads: 2, n_layers: 1, d_ff: 64}\n"
+        "data:\n  class_path: data_modules.TextDataModule\n  init_args:\n"
+        f"    train_files: [train.txt]\n    val_files: [val.txt]\n    seq_len: 18\n    prompt_len: {prompt_len}\n"
+        "    vocab_size: 300\n    batch_size: 64\n",
+        encoding="utf-8",
+    )
+    result = cli("fit", "--config", tmp_path / "lm.yaml", "--run.root", tmp_path / "runs", "--run.version", "lm",
+                 *FAST_TRAINER, "--trainer.max_steps", "-1", "--trainer.max_epochs", "1", "--run.wandb", "disabled")
+    assert result.code == 0, result.err[-3000:]
+    metrics = read_metrics(tmp_path / "runs" / "lm" / "lm")
+    assert 0 < metrics["val/nll"][-1] < 10

@@ -26,11 +26,14 @@ def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: Sampling
     rows, n = block.shape
     for count in unmask_schedule(n, steps):
         logits = logits_of(block)
-        proposal = choose_next(logits.reshape(rows * n, -1), sampling, generator).view(rows, n)
-        if unmasking == "confidence":
-            score = logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
+        if sampling.temperature == 0.0 and unmasking == "confidence":
+            score, proposal = logits.float().log_softmax(-1).max(-1)  # greedy: the proposal is the most likely
         else:
-            score = torch.rand(rows, n, generator=generator, device=block.device)
+            proposal = choose_next(logits.reshape(rows * n, -1), sampling, generator).view(rows, n)
+            if unmasking == "confidence":
+                score = logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
+            else:
+                score = torch.rand(rows, n, generator=generator, device=block.device)
         score = score.masked_fill(block != mask_id, float("-inf"))
         reveal = score.topk(count, dim=1).indices
         block = block.scatter(1, reveal, proposal.gather(1, reveal))

@@ -29,7 +29,8 @@ class BlockDiffusionModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output logits with the mask token ruled out (SUBS: the model never predicts a mask)."""
         logits = self.stack.embedding.logits(hidden)
-        return logits.index_fill(-1, torch.tensor([self.mask_id], device=logits.device), float("-inf"))
+        logits[..., self.mask_id] = float("-inf")
+        return logits
 
     def _use_flex(self, tokens: torch.Tensor) -> bool:
         """Flex where it is fast (compiled, GPU) and computes the same function: no additive
@@ -81,9 +82,12 @@ class BlockDiffusionModel(nn.Module):
         key_valid = torch.cat((state.key_valid, clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1)
         key_positions = torch.cat((state.key_positions, clean_positions, noisy_positions), dim=1)
         n_queries, n_keys = n_clean + noisy.shape[1], key_valid.shape[1]
-        noisy_query = torch.arange(n_queries, device=device)[:, None] >= n_clean
-        noisy_key = torch.arange(n_keys, device=device)[None, :] >= n_cached + n_clean
-        mask = (padding_mask(key_valid) & (noisy_query | ~noisy_key)) | self_mask(n_queries, n_keys, device)
+        if n_clean == 0 and bool(key_valid.all()):
+            mask = None  # a noisy block alone after an unpadded cache sees every key
+        else:
+            noisy_query = torch.arange(n_queries, device=device)[:, None] >= n_clean
+            noisy_key = torch.arange(n_keys, device=device)[None, :] >= n_cached + n_clean
+            mask = (padding_mask(key_valid) & (noisy_query | ~noisy_key)) | self_mask(n_queries, n_keys, device)
         forks = [LayerCache(self_attn=cache.self_attn.fork()) for cache in state.caches]
         hidden, _ = self.stack(
             torch.cat((clean, noisy), dim=1), torch.cat((clean_positions, noisy_positions), dim=1),
