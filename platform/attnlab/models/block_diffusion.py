@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, LayerCache, TransformerStack
-from attnlab.components.masks import block_diffusion_flex_mask, block_diffusion_mask, padding_mask, self_mask
+from attnlab.components.masks import (
+    block_diffusion_flex_mask, block_diffusion_mask, block_diffusion_visible, self_mask,
+)
 from attnlab.errors import ConfigError
 from attnlab.models.decoder_only import DecodeState
 
@@ -84,10 +86,15 @@ class BlockDiffusionModel(nn.Module):
         n_queries, n_keys = n_clean + noisy.shape[1], key_valid.shape[1]
         if n_clean == 0 and bool(key_valid.all()):
             mask = None  # a noisy block alone after an unpadded cache sees every key
-        else:
-            noisy_query = torch.arange(n_queries, device=device)[:, None] >= n_clean
-            noisy_key = torch.arange(n_keys, device=device)[None, :] >= n_cached + n_clean
-            mask = (padding_mask(key_valid) & (noisy_query | ~noisy_key)) | self_mask(n_queries, n_keys, device)
+        else:  # the training rule, with the cache as block 0, `clean` as block 1, the noisy block as 2
+            index = torch.arange(n_keys, device=device)
+            noisy_key = index >= n_cached + n_clean
+            key_blocks = torch.where(key_valid, (index >= n_cached).long() + noisy_key.long(), -1)
+            query_blocks, noisy_query = key_blocks[:, n_cached:], noisy_key[n_cached:]
+            visible = block_diffusion_visible(
+                query_blocks[:, :, None], key_blocks[:, None, :], noisy_query[:, None], noisy_key[None, :]
+            )
+            mask = visible[:, None] | self_mask(n_queries, n_keys, device)
         forks = [LayerCache(self_attn=cache.self_attn.fork()) for cache in state.caches]
         hidden, _ = self.stack(
             torch.cat((clean, noisy), dim=1), torch.cat((clean_positions, noisy_positions), dim=1),

@@ -72,7 +72,7 @@ class BlockDiffusion(FamilyModule):
         # A buffer, so the range chosen by noise_search is saved with the weights and resumed.
         self.register_buffer("train_noise", torch.tensor(_check_range("noise_range", noise_range)))
         self.model = BlockDiffusionModel(self.backbone, self.vocab_size, self.special.pad, self.special.mask, mask_backend)
-        self._eval_noise = torch.Generator()
+        self._eval_noise: torch.Generator | None = None  # created, seeded 0, at first use in each evaluation
         self._variance_stats: dict[int, list[float]] = {}
 
     # ---- the NELBO --------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class BlockDiffusion(FamilyModule):
         across epochs and checkpoints. Training uses the global stream (seed_everything)."""
         if self.training:
             return None
-        if self._eval_noise.device != device:
+        if self._eval_noise is None or self._eval_noise.device != device:
             self._eval_noise = torch.Generator(device).manual_seed(0)
         return self._eval_noise
 
@@ -116,12 +116,12 @@ class BlockDiffusion(FamilyModule):
     # ---- noise-range search -------------------------------------------------------------------------
     def on_validation_epoch_start(self):
         super().on_validation_epoch_start()
-        self._eval_noise = torch.Generator(self.device).manual_seed(0)
+        self._eval_noise = None
         self._variance_stats = {}
 
     def on_test_epoch_start(self):
         super().on_test_epoch_start()
-        self._eval_noise = torch.Generator(self.device).manual_seed(0)
+        self._eval_noise = None
 
     def validation_step(self, batch, batch_idx):
         super().validation_step(batch, batch_idx)
