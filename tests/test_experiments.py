@@ -59,6 +59,8 @@ def shrink(config: dict, multi30k_dir_factory) -> list[str]:
         # Same generator arguments as the other tests, so the cached tokenizer is reused.
         args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "64",
                  "--data.init_args.n_test", "64", "--data.init_args.vocab_size", "300"]
+    elif data_class == "SequenceTaskDataModule":
+        args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "8", "--data.init_args.n_test", "8"]
     elif data_class == "Multi30kDataModule":
         args += ["--data.init_args.data_dir", multi30k_dir_factory(), "--data.init_args.vocab_size", "1000"]
     return args
@@ -67,8 +69,8 @@ def shrink(config: dict, multi30k_dir_factory) -> list[str]:
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
 def test_experiment_trains_two_steps(path, cli, tmp_path, request):
     config = _load(path)
-    if "grid" in config and "model" not in config:
-        pytest.skip(f"{_id(path)} is a sweep grid, not a LightningCLI config")
+    if "base" in config and "model" not in config:
+        pytest.skip(f"{_id(path)} is a sweep; its base configs are tested here and its grid below")
     assert {"model", "data"} <= set(config), f"{_id(path)} must define model and data"
 
     overrides = shrink(config, lambda: request.getfixturevalue("multi30k_dir"))
@@ -90,3 +92,26 @@ def test_experiment_trains_two_steps(path, cli, tmp_path, request):
     assert losses, f"no train/loss in {run_dir / 'metrics.csv'}"
     assert all(math.isfinite(v) for v in losses)
     assert "run folder:" in result.out
+
+
+SWEEPS = [p for p in CONFIGS if "base" in _load(p) and "model" not in _load(p)]
+
+
+def test_the_shipped_sweeps_are_found():
+    assert {"compare_families.yaml", "heads_ablation.yaml", "positions_ablation.yaml", "block_size_sweep.yaml"} <= {
+        _id(p) for p in SWEEPS}
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=_id)
+def test_sweep_points_parse_as_experiments(path, tmp_path):
+    """Every grid point's overrides name real config keys with valid values (parsed, not trained)."""
+    from attnlab.experiment.spec import as_cli_args, load_sweep
+    from attnlab.lightning_cli import AttnlabCLI
+
+    spec = load_sweep(path)
+    for point in spec.points():
+        for overrides in [{}, *spec.evaluate.values()]:
+            args = [*[a for c in point.configs for a in ("--config", str(c))], *as_cli_args(point.overrides),
+                    *as_cli_args(overrides), "--run.wandb", "disabled", "--run.root", str(tmp_path)]
+            parser = AttnlabCLI(args=args, run=False).parser  # raises on a bad key or value
+            assert parser is not None

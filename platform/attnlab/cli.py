@@ -22,6 +22,9 @@ LIGHTNING_VERBS = {
 OTHER_VERBS = {
     "generate": "load a checkpoint and translate / continue text from the command line or stdin",
     "average": "average the weights of checkpoints into a new one (the paper's last-5 average)",
+    "sweep": "run a grid of experiments, skipping finished ones: attnlab sweep experiments/compare_families.yaml",
+    "report": "turn a folder of runs into a markdown table and PNG plots: attnlab report runs/compare_families",
+    "ablate-heads": "mask each attention head of a checkpoint in turn and measure the change: attnlab ablate-heads CKPT",
 }
 
 HELP = """usage: attnlab <verb> [options]   (attnlab <verb> --help for a verb's options)
@@ -106,7 +109,26 @@ def average_main(argv: list[str]) -> int:
     return 0
 
 
-VERB_MAINS = {"generate": generate_main, "average": average_main}
+def sweep_main(argv: list[str]) -> int:
+    from attnlab.experiment.sweep import sweep_main as run_sweep
+
+    return run_sweep(argv)
+
+
+def report_main(argv: list[str]) -> int:
+    from attnlab.experiment.report import report_main as run_report
+
+    return run_report(argv)
+
+
+def ablate_heads_main(argv: list[str]) -> int:
+    from attnlab.experiment.head_ablation import ablate_heads_main as run_ablation
+
+    return run_ablation(argv)
+
+
+VERB_MAINS = {"generate": generate_main, "average": average_main, "sweep": sweep_main, "report": report_main,
+              "ablate-heads": ablate_heads_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from attnlab.averaging import CheckpointAveraging
 from attnlab.modules.base import FamilyModule
 from attnlab.run_logging import RunOptions, build_loggers, describe_run
+from attnlab.run_summary import RunSummary
 from data_modules.base import TokenizedDataModule
 
 
@@ -24,6 +25,7 @@ class AttnlabCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [
                 ModelCheckpoint(monitor="val/nll", mode="min", save_last=True, filename="best-{epoch}-{step}"),
+                RunSummary(),
             ]},
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,

@@ -91,13 +91,13 @@ def build_loggers(options: RunOptions, name: str, config: dict | None = None) ->
             WandbLogger(
                 project=options.project, name=f"{name}/{version}", group=options.group,
                 save_dir=str(run_dir), offline=mode == "offline", mode=mode, config=config,
-                settings=_quiet_wandb_settings(),
+                settings=quiet_wandb_settings(),
             )
         )
     return loggers
 
 
-def _quiet_wandb_settings():
+def quiet_wandb_settings():
     import wandb
 
     # No console capture (it fights the progress bar) and never ask anything on stdin.

@@ -53,13 +53,20 @@ class BlockDiffusionModel(nn.Module):
 
         Block indices are -1 on padding; clean positions default to 0..Lc-1 (right padding).
         """
+        hidden, _ = self.joint_pass(noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions)
+        return hidden[:, : noisy.shape[1]]
+
+    def joint_pass(self, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None,
+                   need_weights=False):
+        """Hidden states (B, Ln+Lc, d) of `x_t ⊕ x_0` and per-layer weights when asked (which
+        takes the dense mask: FlexAttention returns no weights)."""
         if clean_positions is None:
             clean_positions = torch.arange(clean.shape[1], device=clean.device).expand_as(clean)
         tokens = torch.cat((noisy, clean), dim=1)
         positions = torch.cat((noisy_positions, clean_positions), dim=1)
-        build = block_diffusion_flex_mask if self._use_flex(tokens) else block_diffusion_mask
-        hidden, _ = self.stack(tokens, positions, mask=build(noisy_blocks, clean_blocks))
-        return hidden[:, : noisy.shape[1]]
+        flex = self._use_flex(tokens) and not need_weights
+        build = block_diffusion_flex_mask if flex else block_diffusion_mask
+        return self.stack(tokens, positions, mask=build(noisy_blocks, clean_blocks), need_weights=need_weights)
 
     # ---- incremental: the sampler's path ---------------------------------------------------------
     def new_state(self, batch_size: int, device=None) -> DecodeState:

@@ -1,12 +1,14 @@
 """What every family's LightningModule shares: optimizer, schedule, metrics, logging, evaluation.
 
 A family subclass builds its nn.Module and implements three things: `loss_terms` (training
-loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (its name).
+loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (its name);
+`attention_weights` (one example's attention, for maps) is what attention maps need.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, replace
+from typing import NamedTuple
 
 import lightning as L
 import torch
@@ -50,6 +52,15 @@ def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: f
     """Summed training loss (label-smoothed) and summed NLL over the labelled positions."""
     smoothed, nll = token_losses(logits, labels, label_smoothing)
     return smoothed.sum(), nll.sum()
+
+
+class AttentionMap(NamedTuple):
+    """One figure's worth of attention: weights (layers, heads, Lq, Lk) and the token labels."""
+
+    kind: str
+    weights: torch.Tensor
+    queries: list[str]
+    keys: list[str]
 
 
 class FamilyModule(L.LightningModule):
@@ -103,6 +114,17 @@ class FamilyModule(L.LightningModule):
     def positions_needed(self, source_length: int, target_length: int) -> int:
         """Longest position index + 1 that training and generation use for one example."""
         raise NotImplementedError
+
+    def attention_weights(self, example: Example) -> list[AttentionMap]:
+        """Teacher-forced attention of one example, per attention kind (for maps and tests)."""
+        raise NotImplementedError
+
+    def attention_stacks(self) -> dict:
+        """The TransformerStacks by name, so head ablation can name modules `decoder.0.self`."""
+        return {"decoder": self.model.stack}
+
+    def reset_eval_noise(self) -> None:
+        """Make the next evaluation draw the same noise as the last one (stochastic families)."""
 
     def max_output_length(self, source_length):
         """Most tokens to generate: generation.max_new_tokens, else the paper's source length + 50.
@@ -208,6 +230,24 @@ class FamilyModule(L.LightningModule):
             {"source": s, "reference": r, "hypothesis": h}
             for s, r, h in zip(batch["source_text"], batch["target_text"], hypotheses)
         ]
+
+    # ---- attention maps ------------------------------------------------------------------------
+    def _one_example(self, example: Example) -> dict:
+        batch = collate([example], self.special.pad)
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def piece_labels(self, ids) -> list[str]:
+        """Tick labels: special tokens by name, other pieces as text (ids without a tokenizer)."""
+        names = {getattr(self.special, n): f"<{n}>" for n in ("pad", "unk", "bos", "eos", "sep", "mask")}
+        ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
+        if self.tokenizer is None:
+            return [names.get(i, str(i)) for i in ids]
+        return [names.get(i) or self.tokenizer.decode([i]).strip() or "▁" for i in ids]
+
+    @staticmethod
+    def stack_weights(per_layer: list[dict], kind: str) -> torch.Tensor:
+        """(layers, heads, Lq, Lk) float CPU weights of the first row from a stack's per-layer dicts."""
+        return torch.stack([layer[kind][0] for layer in per_layer]).float().cpu()
 
     # ---- checkpoints and direct use ------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

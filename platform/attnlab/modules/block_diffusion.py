@@ -15,7 +15,7 @@ from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
-from attnlab.modules.base import FamilyModule, token_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, token_losses
 
 
 def _check_range(name: str, value) -> tuple[float, float]:
@@ -114,14 +114,17 @@ class BlockDiffusion(FamilyModule):
         return loss.sum(), nll.sum(), int(frame.n_targets.sum()), n_inputs
 
     # ---- noise-range search -------------------------------------------------------------------------
+    def reset_eval_noise(self) -> None:
+        self._eval_noise = None
+
     def on_validation_epoch_start(self):
         super().on_validation_epoch_start()
-        self._eval_noise = None
+        self.reset_eval_noise()
         self._variance_stats = {}
 
     def on_test_epoch_start(self):
         super().on_test_epoch_start()
-        self._eval_noise = None
+        self.reset_eval_noise()
 
     def validation_step(self, batch, batch_idx):
         super().validation_step(batch, batch_idx)
@@ -146,6 +149,24 @@ class BlockDiffusion(FamilyModule):
         self.train_noise.copy_(torch.tensor(self.noise_candidates[best]))
         low, high = self.noise_candidates[best]
         self.log_dict({"val/noise_low": low, "val/noise_high": high, "val/noise_loss_var": variances[best]}, batch_size=1)
+
+    # ---- attention maps -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_weights(self, example):
+        """One pass of `x_t ⊕ x_0` with every target token masked (t = 1, what the sampler's first
+        step of each block sees). `clean`: the block-causal attention of the clean sequence
+        `[bos] source [sep] target [eos] eos…` (it never sees noisy keys); `denoise`: the masked
+        target's queries over all keys (its own block, noisy, and the clean blocks before it)."""
+        frame = self._frame(self._one_example(example))
+        target, blocks, positions = frame.target_view()
+        noisy = torch.full_like(target, self.special.mask)
+        _, weights = self.model.joint_pass(noisy, blocks, positions, frame.clean, frame.clean_blocks, need_weights=True)
+        weights, n = self.stack_weights(weights, "self"), noisy.shape[1]
+        clean, masked = self.piece_labels(frame.clean[0]), self.piece_labels(noisy[0])
+        return [
+            AttentionMap("clean", weights[:, :, n:, n:], clean, clean),
+            AttentionMap("denoise", weights[:, :, :n], masked, masked + clean),
+        ]
 
     # ---- generation ---------------------------------------------------------------------------------
     def positions_needed(self, source_length: int, target_length: int) -> int:

@@ -1,10 +1,12 @@
 """DecoderOnly: the GPT-style family as a LightningModule."""
 from __future__ import annotations
 
+import torch
+
 from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
-from attnlab.modules.base import FamilyModule, target_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, target_losses
 
 
 class DecoderOnly(FamilyModule):
@@ -40,3 +42,12 @@ class DecoderOnly(FamilyModule):
         if cfg.beam_size > 1:
             return generate_beam(self.model, prompts, max_new, ids.eos, ids.pad, cfg.beam_size, cfg.length_penalty)
         return generate(self.model, prompts, max_new, ids.eos, ids.pad, cfg)
+
+    @torch.no_grad()
+    def attention_weights(self, example):
+        """The causal self-attention over `[bos] source [sep] target [eos]`, as in training."""
+        ids = self.special
+        tokens, _ = frame_prefix_target(self._one_example(example), ids.bos, ids.sep, ids.eos, ids.pad)
+        _, weights = self.model.hidden(tokens, need_weights=True)
+        labels = self.piece_labels(tokens[0])
+        return [AttentionMap("self", self.stack_weights(weights, "self"), labels, labels)]

@@ -1,11 +1,13 @@
 """EncoderDecoder: the translation transformer of "Attention Is All You Need" as a LightningModule."""
 from __future__ import annotations
 
+import torch
+
 from attnlab.errors import ConfigError
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from attnlab.models.encoder_decoder import EncoderDecoderModel
 from attnlab.models.framing import IGNORE, frame_source_target
-from attnlab.modules.base import FamilyModule, target_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, target_losses
 
 
 class EncoderDecoder(FamilyModule):
@@ -51,3 +53,20 @@ class EncoderDecoder(FamilyModule):
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths, ids.bos, ids.eos, cfg.beam_size, cfg.length_penalty)
         return translate_greedy(self.model, encoded, max_lengths, ids.bos, ids.eos, ids.pad, cfg)
+
+    def attention_stacks(self):
+        return {"encoder": self.model.encoder, "decoder": self.model.decoder}
+
+    @torch.no_grad()
+    def attention_weights(self, example):
+        """Encoder self-attention over `source [eos]`, decoder self-attention over `[bos] target`,
+        and the decoder→encoder cross-attention (the alignment), teacher-forced."""
+        source, source_valid, decoder_in, _ = self._frame(self._one_example(example))
+        encoded, encoder_weights = self.model.encode(source, source_valid, need_weights=True)
+        _, decoder_weights = self.model.decode(decoder_in, encoded, need_weights=True)
+        src, tgt = self.piece_labels(source[0]), self.piece_labels(decoder_in[0])
+        return [
+            AttentionMap("encoder_self", self.stack_weights(encoder_weights, "self"), src, src),
+            AttentionMap("decoder_self", self.stack_weights(decoder_weights, "self"), tgt, tgt),
+            AttentionMap("cross", self.stack_weights(decoder_weights, "cross"), tgt, src),
+        ]

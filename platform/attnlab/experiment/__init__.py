@@ -1,0 +1,1 @@
+"""Running many experiments and reading them back: sweeps, reports, plots, head ablation."""

@@ -1,0 +1,122 @@
+"""Reading run folders back: a fit run with its metrics history, summary and evaluations.
+
+A fit folder holds metrics.csv with `train/*` columns; an evaluation folder (`attnlab test`)
+holds one without. In a sweep an evaluation sits next to its fit run under the point's folder;
+elsewhere it stays a row of its own.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from attnlab.errors import AttnlabError
+
+
+@dataclass
+class RunRecord:
+    name: str  # the point (sweeps) or the folder relative to the report root
+    folder: Path
+    family: str
+    history: list[dict[str, float]]
+    summary: dict = field(default_factory=dict)
+    swept: dict = field(default_factory=dict)
+    evaluations: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    order: int = 0  # the point's place in its sweep file, so tables follow the file
+
+    def final(self, key: str) -> float | None:
+        """The last logged value of a metric."""
+        values = self.series(key)
+        return values[-1][1] if values else None
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(int(row.get("step", i)), row[key]) for i, row in enumerate(self.history) if key in row]
+
+    def train_tokens_per_s(self) -> float | None:
+        """Median over logged steps: robust to the slow first steps and to evaluation pauses."""
+        values = [v for _, v in self.series("train/tokens_per_s")]
+        return statistics.median(values) if values else None
+
+    def metric(self, key: str) -> float | None:
+        """`val/x` from the history, `test/x` from the evaluation named test, `name:test/x` from another."""
+        if ":" in key:
+            evaluation, key = key.split(":", 1)
+            return self.evaluations.get(evaluation, {}).get(key)
+        if key.startswith("test/") and "test" in self.evaluations:
+            return self.evaluations["test"].get(key)
+        return self.final(key)
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    rows = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            parsed = {}
+            for key, value in row.items():
+                if value not in ("", None):
+                    try:
+                        parsed[key] = float(value)
+                    except ValueError:
+                        continue
+            rows.append(parsed)
+    return rows
+
+
+def last_values(history: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for row in history:
+        out.update(row)
+    return out
+
+
+def family_of(folder: Path) -> str:
+    config = folder / "config.yaml"
+    if config.is_file():
+        model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+        if isinstance(model, dict) and model.get("class_path"):
+            return str(model["class_path"]).rsplit(".", 1)[-1]
+    summary = folder / "summary.json"
+    return json.loads(summary.read_text()).get("family", "?") if summary.is_file() else "?"
+
+
+def _is_fit(history: list[dict[str, float]]) -> bool:
+    return any(key.startswith("train/") for row in history for key in row)
+
+
+def collect_runs(root: str | Path) -> list[RunRecord]:
+    """Every fit run under `root` (hidden folders such as .incomplete/ are skipped), in sweep then name order."""
+    root = Path(root)
+    if not root.is_dir():
+        raise AttnlabError(f"{root} is not a folder of runs")
+    folders = [p.parent for p in sorted(root.rglob("metrics.csv"))
+               if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    histories = {folder: read_metrics(folder / "metrics.csv") for folder in folders}
+    fits = [f for f in folders if _is_fit(histories[f])]
+    fits_by_parent: dict[Path, list[Path]] = {}
+    for folder in fits:
+        fits_by_parent.setdefault(folder.parent, []).append(folder)
+    records: dict[Path, RunRecord] = {}
+    for folder in folders:
+        done_file = folder.parent / "done.json"
+        done = json.loads(done_file.read_text()) if done_file.is_file() else {}
+        siblings = fits_by_parent.get(folder.parent, [])
+        if folder in fits or len(siblings) != 1:
+            name = done.get("point") or str(folder.relative_to(root))
+            record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
+                               seconds=done.get("seconds", {}), order=done.get("index", 0))
+            summary = folder / "summary.json"
+            if summary.is_file():
+                record.summary = json.loads(summary.read_text())
+            if folder not in fits:  # an evaluation with no fit run to attach to
+                record.evaluations["test"] = last_values(histories[folder])
+            records[folder] = record
+    for folder in folders:
+        siblings = fits_by_parent.get(folder.parent, [])
+        if folder not in fits and len(siblings) == 1:
+            records[siblings[0]].evaluations[folder.name] = last_values(histories[folder])
+    return sorted(records.values(), key=lambda r: (r.order, r.name))

@@ -1,0 +1,194 @@
+"""`attnlab sweep`: run every point of a sweep file, skip the finished ones, then report.
+
+Each point is `attnlab fit` in a subprocess (a clean process per run, and the natural unit to
+pin to one GPU), then `attnlab test` of its best checkpoint once per `evaluate` entry. The
+layout is fixed so a rerun can tell what is done:
+
+    runs/<sweep>/<point>/fit/        metrics.csv, config.yaml, summary.json, checkpoints/
+    runs/<sweep>/<point>/test/       the test of the best checkpoint (one folder per evaluation)
+    runs/<sweep>/<point>/done.json   written last; a rerun skips points that have it
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from attnlab.errors import AttnlabError
+from attnlab.experiment.spec import SweepPoint, SweepSpec, as_cli_args, load_sweep, wandb_sweep_config
+
+DESCRIPTION = "run a grid of experiments (skipping finished ones) and print their comparison table"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnlab sweep", description=DESCRIPTION,
+        epilog="Any other --flag is passed to every run, e.g. --trainer.max_epochs 1 --run.wandb disabled.",
+    )
+    parser.add_argument("sweep_file", help="a sweep YAML (base, grid, fixed, evaluate), e.g. experiments/compare_families.yaml")
+    parser.add_argument("--root", default="runs", help="where run folders go (default: runs)")
+    parser.add_argument("--devices", help="GPU ids to spread runs over, one run per GPU at a time, e.g. 0,1,2,3 "
+                                          "(default: every visible GPU when there are several, else one run at a time)")
+    parser.add_argument("--export-wandb", metavar="FILE", help="write the grid as a wandb sweep config for `wandb agent` and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs' commands and exit")
+    return parser
+
+
+def point_commands(spec: SweepSpec, point: SweepPoint, root: str, passthrough: list[str]) -> dict[str, list[str]]:
+    """The fit command, then one test command per evaluation (its --ckpt_path is added at run time)."""
+    configs = [arg for config in point.configs for arg in ("--config", str(config))]
+    common = configs + as_cli_args(point.overrides) + passthrough
+    run = ["--run.root", root, "--run.name", f"{spec.name}/{point.name}", "--run.group", spec.name]
+    commands = {"fit": ["fit", *common, *run, "--run.version", "fit"]}
+    for name, overrides in spec.evaluate.items():
+        commands[name] = ["test", *common, *as_cli_args(overrides), *run, "--run.version", name]
+    return commands
+
+
+def best_checkpoint(fit_dir: Path) -> Path:
+    """The checkpoint with the best val/nll (what ModelCheckpoint kept), else the last one."""
+    found = sorted((fit_dir / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    last = fit_dir / "checkpoints" / "last.ckpt"
+    if found:
+        return found[-1]
+    if last.is_file():
+        return last
+    raise AttnlabError(f"{fit_dir} has no checkpoint to evaluate")
+
+
+def set_aside(point_dir: Path) -> Path | None:
+    """Move an unfinished point's folder under .incomplete/ so the rerun starts clean and nothing is lost."""
+    if not point_dir.exists():
+        return None
+    parked = point_dir.parent / ".incomplete"
+    n = 1
+    while (parked / f"{point_dir.name}-{n}").exists():
+        n += 1
+    parked.mkdir(exist_ok=True)
+    return Path(shutil.move(str(point_dir), parked / f"{point_dir.name}-{n}"))
+
+
+class SweepRunner:
+    def __init__(self, spec: SweepSpec, root: str, passthrough: list[str], devices: list[str]):
+        self.spec, self.root, self.passthrough = spec, root, passthrough
+        self.sweep_dir = Path(root) / spec.name
+        self.devices = devices
+
+    def point_dir(self, point: SweepPoint) -> Path:
+        return self.sweep_dir / point.name
+
+    def is_done(self, point: SweepPoint) -> bool:
+        return (self.point_dir(point) / "done.json").is_file()
+
+    def run(self) -> list[str]:
+        """Run the unfinished points; returns the names of those that failed."""
+        points = self.spec.points()
+        todo = [p for p in points if not self.is_done(p)]
+        for p in points:
+            if p not in todo:
+                print(f"[sweep] {p.name}: finished before, skipped")
+        if len(self.devices) > 1:
+            free: queue.Queue = queue.Queue()
+            for device in self.devices:
+                free.put(device)
+            with ThreadPoolExecutor(len(self.devices)) as pool:
+                results = list(pool.map(lambda p: self._run_on_free_device(p, free), todo))
+        else:
+            results = [self.run_point(p, self.devices[0] if self.devices else None) for p in todo]
+        return [p.name for p, ok in zip(todo, results) if not ok]
+
+    def _run_on_free_device(self, point: SweepPoint, free: queue.Queue) -> bool:
+        device = free.get()
+        try:
+            return self.run_point(point, device)
+        finally:
+            free.put(device)
+
+    def run_point(self, point: SweepPoint, device: str | None) -> bool:
+        folder = self.point_dir(point)
+        parked = set_aside(folder)
+        if parked:
+            print(f"[sweep] {point.name}: an unfinished earlier attempt was moved to {parked}")
+        folder.mkdir(parents=True)
+        env = dict(os.environ)
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        log = folder / "log.txt" if len(self.devices) > 1 else None
+        seconds = {}
+        for stage, args in point_commands(self.spec, point, self.root, self.passthrough).items():
+            if stage != "fit":
+                args = [*args, "--ckpt_path", str(best_checkpoint(folder / "fit"))]
+            where = f" on GPU {device}" if device is not None else ""
+            print(f"[sweep] {point.name}: {stage}{where}" + (f" (log: {log})" if log else ""), flush=True)
+            started = time.perf_counter()
+            if not self._call(args, env, log):
+                print(f"[sweep] {point.name}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
+                return False
+            seconds[stage] = round(time.perf_counter() - started, 1)
+        swept = {key: point.overrides[key] for key in self.spec.grid}
+        done = {"point": point.name, "index": self.spec.points().index(point), "configs": [str(c) for c in point.configs], "swept": swept,
+                "overrides": point.overrides, "seconds": seconds}
+        (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
+        return True
+
+    @staticmethod
+    def _call(args: list[str], env: dict, log: Path | None) -> bool:
+        command = [sys.executable, "-m", "attnlab", *args]
+        if log is None:
+            return subprocess.call(command, env=env) == 0
+        with log.open("a") as out:
+            return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT) == 0
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `--flag value` or `--flag=value` among pass-through arguments."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def visible_gpus() -> list[str]:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [str(i) for i in range(count)] if count > 1 else []
+
+
+def sweep_main(argv: list[str]) -> int:
+    from attnlab.experiment.report import report_main
+
+    args, passthrough = build_parser().parse_known_args(argv)
+    stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--")]
+    if stray:
+        raise AttnlabError(f"unknown option {stray[0]} (attnlab sweep --help lists the options)")
+    spec = load_sweep(args.sweep_file)
+    if args.export_wandb:
+        Path(args.export_wandb).write_text(yaml.safe_dump(wandb_sweep_config(spec), sort_keys=False))
+        print(f"wrote {args.export_wandb}; start it with `wandb sweep {args.export_wandb}` and then `wandb agent <sweep id>`")
+        return 0
+    devices = args.devices.split(",") if args.devices else visible_gpus()
+    runner = SweepRunner(spec, args.root, passthrough, devices)
+    if args.dry_run:
+        for point in spec.points():
+            for stage, command in point_commands(spec, point, args.root, passthrough).items():
+                print(f"{point.name} [{stage}]: attnlab {' '.join(command)}")
+        return 0
+    failed = runner.run()
+    if any(runner.is_done(p) for p in spec.points()):
+        report_main([str(runner.sweep_dir), "--wandb", flag_value(passthrough, "--run.wandb") or "auto"])
+    if failed:
+        print(f"[sweep] {len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,31 @@
+"""`summary.json` in every fit run folder: what a report needs and metrics.csv lacks."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+
+class RunSummary(L.Callback):
+    """Family, parameter count, wall time of fit, epochs and steps, written when fit ends."""
+
+    def on_fit_start(self, trainer, pl_module):
+        self._started = time.perf_counter()
+
+    @rank_zero_only
+    def on_fit_end(self, trainer, pl_module):
+        if not trainer.log_dir:
+            return
+        summary = {
+            "family": pl_module.family,
+            "params": sum(p.numel() for p in pl_module.parameters()),
+            "fit_seconds": round(time.perf_counter() - self._started, 2),
+            "epochs": trainer.current_epoch,
+            "steps": trainer.global_step,
+        }
+        path = Path(trainer.log_dir) / "summary.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1) + "\n")
