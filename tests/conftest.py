@@ -166,3 +166,12 @@ def read_metrics(run_dir: Path) -> dict[str, list[float]]:
                 if value not in (None, ""):
                     values.setdefault(key, []).append(float(value))
     return values
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG file, after checking its signature (fails on anything else)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    import struct
+
+    return struct.unpack(">II", data[16:24])  # the IHDR chunk

@@ -2,7 +2,6 @@
 inputs, are causal where they must be, and the callback writes PNGs during a real fit."""
 from __future__ import annotations
 
-import struct
 from types import SimpleNamespace
 
 import pytest
@@ -12,10 +11,9 @@ from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.components.attention import math_attention
 from attnlab.components.positional import apply_rotary
 from attnlab.experiment.attention_maps import AttentionMaps, render_checkpoint
-from conftest import debug_fit_args, run_main
+from conftest import debug_fit_args, png_size, run_main
 from data_modules.batch import Example, collate
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXAMPLE = Example([7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25], "src", "tgt")
 FAMILIES = (DecoderOnly, EncoderDecoder, BlockDiffusion)
 
@@ -25,12 +23,6 @@ def tiny(cls, **kw):
     backbone = dict(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64, dropout=0.0, positional="rope")
     extra = {"block_size": 4} if cls is BlockDiffusion else {}
     return cls(backbone=backbone, vocab_size=40, **extra, **kw).eval()
-
-
-def png_size(path):
-    data = path.read_bytes()
-    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
-    return struct.unpack(">II", data[16:24])
 
 
 @pytest.mark.parametrize("cls", FAMILIES)
@@ -155,3 +147,11 @@ def test_render_checkpoint_writes_one_png_per_kind(fitted, tmp_path):
     paths = render_checkpoint(fitted / "checkpoints" / "last.ckpt", "twenty one", "einundzwanzig", tmp_path / "out")
     assert paths == [tmp_path / "out" / "self.png"]
     assert min(png_size(paths[0])) > 100
+
+
+def test_attention_verb_writes_pngs_and_rejects_a_missing_checkpoint(fitted, tmp_path):
+    result = run_main(["attention", fitted / "checkpoints" / "last.ckpt", "twenty one", "--output", tmp_path / "maps"])
+    assert result.code == 0, result.err
+    assert min(png_size(tmp_path / "maps" / "self.png")) > 100 and "wrote" in result.out
+    missing = run_main(["attention", tmp_path / "nope.ckpt", "twenty one"])
+    assert missing.code == 2 and "nope.ckpt does not exist" in missing.err

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 
 import pytest
 import torch
 
 from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.experiment.head_ablation import ablate, apply_mask, attention_modules, evaluate, make_batches
-from conftest import debug_fit_args, run_main
+from conftest import debug_fit_args, png_size, run_main
 from data_modules.batch import Example
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXAMPLES = [Example([7, 8, 9], [20, 21, 22, 23, 24], "", ""), Example([11, 12], [25, 26], "", ""),
             Example([13, 14, 15, 16], [27, 28, 29], "", "")]
 
@@ -101,8 +99,7 @@ def test_ablate_heads_writes_table_json_and_png(cli, checkpoint):
     assert len(data["pruning"]) == 3 and data["pruning"][0]["value"] == data["base"]
     table = (out / "head_ablation.md").read_text()
     assert "| decoder.0.self |" in table and "| decoder.0.self |" in result.out
-    png = (out / "pruning_curve.png").read_bytes()
-    assert png[:8] == PNG_MAGIC and min(struct.unpack(">II", png[16:24])) > 100
+    assert min(png_size(out / "pruning_curve.png")) > 100
 
 
 def test_ablate_heads_help_explains(cli):

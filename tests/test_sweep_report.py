@@ -2,22 +2,11 @@
 from __future__ import annotations
 
 import json
-import struct
 
 import pytest
 import yaml
 
-from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, FAST_TRAINER, run_process
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _png_size(path):
-    data = path.read_bytes()
-    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
-    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
-    return width, height
-
+from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, FAST_TRAINER, png_size, run_process
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
@@ -30,7 +19,9 @@ def sweep_run(tmp_path_factory):
         "evaluate": {"test": {}},
     }))
     args = ["sweep", sweep_file, "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
-    first = run_process(args, cwd=folder, timeout=600)
+    # The first run takes the one-run-per-GPU path (two "GPUs": CUDA_VISIBLE_DEVICES is harmless
+    # on a CPU run), the rerun the sequential one.
+    first = run_process([*args, "--devices", "0,1"], cwd=folder, timeout=600)
     second = run_process(args, cwd=folder, timeout=600)
     return folder / "runs" / "heads", first, second
 
@@ -47,6 +38,8 @@ def test_sweep_runs_every_point_and_tests_its_best_checkpoint(sweep_run):
         summary = json.loads((sweep_dir / point / "fit" / "summary.json").read_text())
         assert summary["family"] == "decoder_only" and summary["params"] > 0
         assert "test/exact_match" in (sweep_dir / point / "test" / "metrics.csv").read_text()
+        assert "run folder:" in (sweep_dir / point / "log.txt").read_text()  # parallel runs log to files
+    assert "fit on GPU 0" in first.stdout and "fit on GPU 1" in first.stdout
 
 
 def test_report_table_has_one_row_per_run_and_the_right_columns(sweep_run):
@@ -70,7 +63,7 @@ def test_report_table_has_one_row_per_run_and_the_right_columns(sweep_run):
 def test_report_writes_valid_pngs(sweep_run):
     sweep_dir, _, _ = sweep_run
     for name in ("quality_vs_params.png", "throughput.png", "curves.png"):
-        width, height = _png_size(sweep_dir / "report" / name)
+        width, height = png_size(sweep_dir / "report" / name)
         assert width > 100 and height > 100
 
 

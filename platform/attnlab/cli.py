@@ -24,6 +24,7 @@ OTHER_VERBS = {
     "average": "average the weights of checkpoints into a new one (the paper's last-5 average)",
     "sweep": "run a grid of experiments, skipping finished ones: attnlab sweep experiments/compare_families.yaml",
     "report": "turn a folder of runs into a markdown table and PNG plots: attnlab report runs/compare_families",
+    "attention": "draw a checkpoint's attention for one input as PNGs (layers x heads): attnlab attention CKPT 'text'",
     "ablate-heads": "mask each attention head of a checkpoint in turn and measure the change: attnlab ablate-heads CKPT",
 }
 
@@ -70,7 +71,8 @@ def condense_parse_error(message: str) -> str:
 
 def _help() -> str:
     verbs = {**LIGHTNING_VERBS, **OTHER_VERBS}
-    return HELP.format(verbs="\n".join(f"  {name:<10} {text}" for name, text in verbs.items()))
+    width = max(map(len, verbs))
+    return HELP.format(verbs="\n".join(f"  {name:<{width}} {text}" for name, text in verbs.items()))
 
 
 def generate_main(argv: list[str]) -> int:
@@ -127,8 +129,14 @@ def ablate_heads_main(argv: list[str]) -> int:
     return run_ablation(argv)
 
 
+def attention_main(argv: list[str]) -> int:
+    from attnlab.experiment.attention_maps import attention_main as run_attention
+
+    return run_attention(argv)
+
+
 VERB_MAINS = {"generate": generate_main, "average": average_main, "sweep": sweep_main, "report": report_main,
-              "ablate-heads": ablate_heads_main}
+              "ablate-heads": ablate_heads_main, "attention": attention_main}
 
 
 def main(argv: list[str] | None = None) -> int:

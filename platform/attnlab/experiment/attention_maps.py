@@ -7,6 +7,7 @@ fixed [0, 1] scale, so heads and epochs compare.
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from attnlab.errors import ConfigError
-from attnlab.experiment.plots import _pyplot
+from attnlab.experiment.plots import pyplot
 
 MAX_LABELS = 40  # longer sequences get no tick labels: they would be unreadable
 
@@ -33,7 +34,7 @@ def evaluating(module):
 
 def render_map(amap, path: Path, title: str = "") -> np.ndarray:
     """Write one AttentionMap as a PNG grid; returns the image as HWC uint8 RGB (for TensorBoard)."""
-    plt = _pyplot()
+    plt = pyplot()
     n_layers, n_heads, n_q, n_k = amap.weights.shape
     labelled = max(n_q, n_k) <= MAX_LABELS
     width, height = (min(max(0.16 * n, 1.6), 4.0) for n in (n_k, n_q))
@@ -55,7 +56,8 @@ def render_map(amap, path: Path, title: str = "") -> np.ndarray:
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=8)
-    fig.suptitle(title or amap.kind, fontsize=9)
+    characters_per_line = int(fig.get_figwidth() * 14)  # about 14 characters per inch at this font size
+    fig.suptitle(textwrap.fill(title or amap.kind, characters_per_line), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -141,3 +143,23 @@ def render_checkpoint(ckpt_path, source: str, target: str | None, out_dir) -> li
         render_map(amap, path, f"{module.family} {amap.kind} attention: {source!r} → {target!r}")
         paths.append(path)
     return paths
+
+
+def attention_main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="attnlab attention",
+        description="Draw the per-layer, per-head attention of a checkpoint for one input, teacher-forced "
+                    "on its target (default: the model's own greedy output); one PNG per attention kind.",
+    )
+    parser.add_argument("checkpoint", help="a .ckpt written by attnlab fit")
+    parser.add_argument("source", help="the input text, e.g. 'seven hundred sixty three'")
+    parser.add_argument("--target", help="the output to attend over (default: what the model generates)")
+    parser.add_argument("--output", default="attention_maps", help="folder for the PNGs (default: attention_maps)")
+    args = parser.parse_args(argv)
+    if not Path(args.checkpoint).is_file():
+        raise ConfigError(f"checkpoint {args.checkpoint} does not exist")
+    for path in render_checkpoint(args.checkpoint, args.source, args.target, args.output):
+        print(f"wrote {path}")
+    return 0

@@ -139,13 +139,13 @@ def markdown(result: dict, title: str) -> str:
 
 
 def write_outputs(result: dict, output: Path, title: str) -> list[Path]:
-    from attnlab.experiment.plots import _pyplot
+    from attnlab.experiment.plots import pyplot
 
     output.mkdir(parents=True, exist_ok=True)
     table, data, plot = output / "head_ablation.md", output / "head_ablation.json", output / "pruning_curve.png"
     table.write_text(markdown(result, title), encoding="utf-8")
     data.write_text(json.dumps(result, indent=2), encoding="utf-8")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     total = len(result["pruning"]) - 1
     ax.plot([p["pruned"] / total for p in result["pruning"]], [p["value"] for p in result["pruning"]], marker=".")

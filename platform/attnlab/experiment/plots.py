@@ -6,7 +6,7 @@ from pathlib import Path
 from attnlab.experiment.runs import RunRecord
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
@@ -24,7 +24,7 @@ def quality_metric(records: list[RunRecord], name: str) -> str | None:
 
 
 def write_plots(records: list[RunRecord], output: Path, metric: str) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     key = quality_metric(records, metric)
     with_params = [r for r in records if r.summary.get("params")]
