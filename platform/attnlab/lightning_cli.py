@@ -112,11 +112,12 @@ class AttnlabCLI(LightningCLI):
     def predict(self, model, datamodule=None, **kwargs):
         """Generate for the data module's predict split and write predictions.jsonl to the run folder."""
         batches = self.trainer.predict(model, datamodule=datamodule, **kwargs)
-        self._write_predictions([row for batch in batches or [] for row in batch])
+        log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
+        self._write_predictions([row for batch in batches or [] for row in batch], log_dir)
 
     @rank_zero_only
-    def _write_predictions(self, rows: list[dict]) -> None:
-        out = Path(self.trainer.log_dir or ".") / "predictions.jsonl"
+    def _write_predictions(self, rows: list[dict], log_dir: str | None) -> None:
+        out = Path(log_dir or ".") / "predictions.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w", encoding="utf-8") as f:
             for row in rows:

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
 
 
 class RunSummary(L.Callback):
@@ -15,9 +14,9 @@ class RunSummary(L.Callback):
     def on_fit_start(self, trainer, pl_module):
         self._started = time.perf_counter()
 
-    @rank_zero_only
     def on_fit_end(self, trainer, pl_module):
-        if not trainer.log_dir:
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask, rank zero writes
+        if not log_dir or not trainer.is_global_zero:
             return
         summary = {
             "family": pl_module.family,
@@ -26,6 +25,6 @@ class RunSummary(L.Callback):
             "epochs": trainer.current_epoch,
             "steps": trainer.global_step,
         }
-        path = Path(trainer.log_dir) / "summary.json"
+        path = Path(log_dir) / "summary.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=1) + "\n")

@@ -97,14 +97,15 @@ class AttentionMaps(Callback):
         return examples[self.example_index]
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
         epoch = trainer.current_epoch
-        if (epoch + 1) % self.every_n_epochs:
+        if trainer.sanity_checking or (epoch + 1) % self.every_n_epochs:
+            return
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask, rank zero draws
+        if not trainer.is_global_zero:
             return
         with evaluating(pl_module):
             maps = pl_module.attention_weights(self._example(trainer))
-        folder = Path(trainer.log_dir or trainer.default_root_dir) / "attention"
+        folder = Path(log_dir or trainer.default_root_dir) / "attention"
         for amap in maps:
             path = folder / f"epoch={epoch}-{amap.kind}.png"
             image = render_map(amap, path, f"{pl_module.family} {amap.kind} attention, epoch {epoch}")
