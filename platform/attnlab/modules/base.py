@@ -211,7 +211,9 @@ class FamilyModule(L.LightningModule):
         return bool(every) and (epoch % every == 0 or last)
 
     def on_validation_epoch_end(self):
-        self.log_dict(self.val_metrics.compute("val"), batch_size=1)
+        # compute() already reduces the metric states over ranks, so every rank holds the same
+        # values; sync_dist averages identical numbers (a no-op) and tells Lightning they are global.
+        self.log_dict(self.val_metrics.compute("val"), batch_size=1, sync_dist=True)
         self.val_metrics.reset()
 
     def on_test_epoch_start(self):
@@ -221,7 +223,7 @@ class FamilyModule(L.LightningModule):
         self._evaluate(batch, self.test_metrics, generate=True)
 
     def on_test_epoch_end(self):
-        self.log_dict(self.test_metrics.compute("test"), batch_size=1)
+        self.log_dict(self.test_metrics.compute("test"), batch_size=1, sync_dist=True)
         self.test_metrics.reset()
 
     def predict_step(self, batch, batch_idx):
