@@ -68,3 +68,27 @@ def test_only_rank_zero_writes(single_and_ddp):
         p.name for p in (run / "checkpoints").iterdir() if p.suffix == ".ckpt")
     wandb_runs = list((run / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 1, f"one wandb run expected, found {wandb_runs}"
+
+
+def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
+    """The search's statistics are summed over ranks (a collective every rank must join) before
+    a candidate is chosen: the run completes, and the chosen range is logged and trained on."""
+    import torch
+
+    from conftest import EXPERIMENTS
+
+    candidates = [[0.2, 0.8], [0.5, 1.0]]
+    args = ["fit", "--config", EXPERIMENTS / "block_diffusion.yaml", "--run.root", tmp_path, "--run.version", "bd",
+            "--run.wandb", "disabled", *CPU, *DDP, *DATA, "--trainer.max_epochs", "1", "--data.init_args.batch_size", "16",
+            "--data.init_args.vocab_size", "300", "--data.init_args.n_val", "64", "--data.init_args.n_test", "64",
+            "--model.init_args.backbone.d_model", "32", "--model.init_args.backbone.n_layers", "1",
+            "--model.init_args.backbone.d_ff", "64", "--model.init_args.eval_every_n_epochs", "0",
+            "--model.init_args.noise_search", str(candidates)]
+    result = run_process(args, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "block_diffusion" / "bd"
+    metrics = read_metrics(run)
+    chosen = [metrics["val/noise_low"][-1], metrics["val/noise_high"][-1]]
+    assert chosen in [pytest.approx(c) for c in candidates]
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert state["train_noise"].tolist() == pytest.approx(chosen)

@@ -140,11 +140,17 @@ class BlockDiffusion(FamilyModule):
 
     def on_validation_epoch_end(self):
         super().on_validation_epoch_end()
-        if not self._variance_stats:
+        if not self.noise_candidates or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
-        variances = {}
-        for i, (n, total, squares) in self._variance_stats.items():
-            variances[i] = squares / n - (total / n) ** 2
+        # Sums over every rank's sequences: the choice is the one a single process would make on
+        # the whole validation set, the same on every rank (a rank with no batch still joins).
+        stats = torch.tensor([self._variance_stats.get(i, [0.0, 0.0, 0.0]) for i in range(len(self.noise_candidates))],
+                             dtype=torch.float64, device=self.device)
+        stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
+        if float(stats[:, 0].min()) == 0:
+            return
+        n, total, squares = stats.unbind(1)
+        variances = {i: float(v) for i, v in enumerate(squares / n - (total / n) ** 2)}
         best = min(variances, key=variances.get)
         self.train_noise.copy_(torch.tensor(self.noise_candidates[best]))
         low, high = self.noise_candidates[best]
