@@ -55,13 +55,7 @@ def apply_mask(modules: dict, masked) -> None:
 
 def make_batches(module, examples, batch_size: int) -> list[dict]:
     """The evaluation batches, collated once and moved to the module's device."""
-    from data_modules.batch import collate
-
-    batches = []
-    for start in range(0, len(examples), batch_size):
-        batch = collate(examples[start : start + batch_size], module.special.pad)
-        batches.append({k: v.to(module.device) if torch.is_tensor(v) else v for k, v in batch.items()})
-    return batches
+    return [module.collate_on_device(examples[start : start + batch_size]) for start in range(0, len(examples), batch_size)]
 
 
 def evaluate(module, batches: list[dict], metric: str = "nll") -> float:

@@ -34,6 +34,7 @@ class SweepPoint:
     name: str
     configs: list[Path]
     overrides: dict[str, Any]
+    index: int = 0  # place in the sweep file, so reports list points in that order
 
 
 @dataclass
@@ -54,7 +55,7 @@ class SweepSpec:
                 parts = [base.stem] if len(self.bases) > 1 else []
                 parts += [f"{short[k]}={_format(v)}" for k, v in zip(keys, values)]
                 overrides = {**self.fixed, **dict(zip(keys, values))}
-                out.append(SweepPoint(",".join(parts) or base.stem, [base], overrides))
+                out.append(SweepPoint(",".join(parts) or base.stem, [base], overrides, len(out)))
         return out
 
 

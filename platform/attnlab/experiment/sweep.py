@@ -135,7 +135,7 @@ class SweepRunner:
                 return False
             seconds[stage] = round(time.perf_counter() - started, 1)
         swept = {key: point.overrides[key] for key in self.spec.grid}
-        done = {"point": point.name, "index": self.spec.points().index(point), "configs": [str(c) for c in point.configs], "swept": swept,
+        done = {"point": point.name, "index": point.index, "configs": [str(c) for c in point.configs], "swept": swept,
                 "overrides": point.overrides, "seconds": seconds}
         (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
         return True

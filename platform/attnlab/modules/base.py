@@ -234,9 +234,13 @@ class FamilyModule(L.LightningModule):
         ]
 
     # ---- attention maps ------------------------------------------------------------------------
-    def _one_example(self, example: Example) -> dict:
-        batch = collate([example], self.special.pad)
+    def collate_on_device(self, examples: list[Example]) -> dict:
+        """A schema batch of `examples` with its tensors on the module's device."""
+        batch = collate(examples, self.special.pad)
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def _one_example(self, example: Example) -> dict:
+        return self.collate_on_device([example])
 
     def piece_labels(self, ids) -> list[str]:
         """Tick labels: special tokens by name, other pieces as text (ids without a tokenizer)."""
@@ -267,9 +271,7 @@ class FamilyModule(L.LightningModule):
         for start in range(0, len(sources), batch_size):
             chunk = sources[start : start + batch_size]
             encoded = self.tokenizer.encode_batch(chunk)
-            examples = [Example(ids, [], text, "") for ids, text in zip(encoded, chunk)]
-            batch = collate(examples, self.special.pad)
-            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            batch = self.collate_on_device([Example(ids, [], text, "") for ids, text in zip(encoded, chunk)])
             out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
         self.train(was_training)
         return out
