@@ -100,3 +100,29 @@ def test_prefix_mask_is_bidirectional_inside_the_prefix_only():
     assert mask[0, 2] and mask[1, 2]  # prefix tokens see later prefix tokens
     assert not mask[2, 3] and not mask[3, 4]  # but nobody sees the future outside the prefix
     assert mask[4].all()
+
+
+def test_kv_cache_appends_forks_and_reorders_like_concatenation():
+    """The buffered cache against the obvious torch.cat bookkeeping, across buffer growth."""
+    from attnlab.components.attention import KVCache
+
+    torch.manual_seed(0)
+    cache, k_ref, v_ref = KVCache(), None, None
+    chunks = [torch.randn(3, 2, n, 4) for n in (5, 1, 1, 40, 1, 30, 1)]  # passes MIN_CAPACITY and doubles
+    fork = fork_ref = None
+    for i, k in enumerate(chunks):
+        v = k * 2 + 1
+        got_k, got_v = cache.update(k, v)
+        k_ref = k if k_ref is None else torch.cat((k_ref, k), dim=2)
+        v_ref = v if v_ref is None else torch.cat((v_ref, v), dim=2)
+        assert torch.equal(got_k, k_ref) and torch.equal(got_v, v_ref)
+        if i == 3:  # a fork appends on its own; the parent's later appends do not leak into it
+            fork, fork_ref = cache.fork(), k_ref.clone()
+            fork.update(torch.zeros(3, 2, 2, 4), torch.zeros(3, 2, 2, 4))
+    assert torch.equal(fork.k[:, :, :-2], fork_ref) and not fork.k[:, :, -2:].any()
+    index = torch.tensor([2, 0, 0])
+    cache.reorder(index)
+    assert torch.equal(cache.k, k_ref[index]) and torch.equal(cache.v, v_ref[index])
+    extra = torch.randn(3, 2, 1, 4)
+    cache.update(extra, extra)
+    assert torch.equal(cache.k, torch.cat((k_ref[index], extra), dim=2))

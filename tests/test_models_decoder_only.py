@@ -13,6 +13,7 @@ from attnlab.models.framing import IGNORE, frame_prefix_target
 from attnlab.modules.optim import OptimizerConfig, lr_multiplier
 
 PROMPTS = [[2, 7, 8, 9, 10, 4], [2, 11, 4], [2, 12, 13, 4]]
+UNPADDED = [[2, 7, 8, 4], [2, 11, 12, 4], [2, 12, 13, 4]]  # equal lengths: the mask-free cached path
 
 
 def tiny_model(positional="rope", **kw):
@@ -24,10 +25,11 @@ def tiny_model(positional="rope", **kw):
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi", "none"])
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
-def test_cached_decoding_equals_full_recomputation(positional, norm_position):
+@pytest.mark.parametrize("prompts", [PROMPTS, UNPADDED], ids=["padded", "unpadded"])
+def test_cached_decoding_equals_full_recomputation(positional, norm_position, prompts):
     model = tiny_model(positional, norm_position=norm_position)
-    cached, cached_logits = generate(model, PROMPTS, 8, eos_id=3, pad_id=0, return_logits=True)
-    full, full_logits = generate(model, PROMPTS, 8, eos_id=3, pad_id=0, use_cache=False, return_logits=True)
+    cached, cached_logits = generate(model, prompts, 8, eos_id=3, pad_id=0, return_logits=True)
+    full, full_logits = generate(model, prompts, 8, eos_id=3, pad_id=0, use_cache=False, return_logits=True)
     assert cached == full
     torch.testing.assert_close(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
 

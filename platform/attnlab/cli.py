@@ -26,6 +26,7 @@ OTHER_VERBS = {
     "report": "turn a folder of runs into a markdown table and PNG plots: attnlab report runs/compare_families",
     "attention": "draw a checkpoint's attention for one input as PNGs (layers x heads): attnlab attention CKPT 'text'",
     "ablate-heads": "mask each attention head of a checkpoint in turn and measure the change: attnlab ablate-heads CKPT",
+    "bench": "training / generation speed, MFU and attention memory against HF GPT-2 and nn.Transformer",
 }
 
 HELP = """usage: attnlab <verb> [options]   (attnlab <verb> --help for a verb's options)
@@ -135,8 +136,14 @@ def attention_main(argv: list[str]) -> int:
     return run_attention(argv)
 
 
+def bench_main(argv: list[str]) -> int:
+    from attnlab.bench.run import bench_main as run_bench
+
+    return run_bench(argv)
+
+
 VERB_MAINS = {"generate": generate_main, "average": average_main, "sweep": sweep_main, "report": report_main,
-              "ablate-heads": ablate_heads_main, "attention": attention_main}
+              "ablate-heads": ablate_heads_main, "attention": attention_main, "bench": bench_main}
 
 
 def main(argv: list[str] | None = None) -> int:

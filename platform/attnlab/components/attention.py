@@ -23,12 +23,18 @@ class KVCache:
 
     Self-attention appends every step; cross-attention is filled once per source (`static`).
     Keys are stored after the rotary rotation, so cached positions are never recomputed.
+    Appends write into a buffer with spare room (doubled when full), so a step copies only the
+    new keys, not the whole cache as torch.cat would. `k` / `v` are views of the filled part;
+    whoever replaces them (a fork's result, a reorder) simply gets a fresh buffer at the next append.
     """
+
+    MIN_CAPACITY = 64
 
     def __init__(self, static: bool = False):
         self.static = static
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
@@ -36,10 +42,33 @@ class KVCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None or self.static:
             self.k, self.v = k, v
-        else:
-            self.k = torch.cat((self.k, k), dim=2)
-            self.v = torch.cat((self.v, v), dim=2)
+            return k, v
+        n, total = len(self), len(self) + k.shape[2]
+        k_buffer, v_buffer = self._room_for(total)
+        k_buffer[:, :, n:total] = k
+        v_buffer[:, :, n:total] = v
+        self.k, self.v = k_buffer[:, :, :total], v_buffer[:, :, :total]
         return self.k, self.v
+
+    def _owns_buffers(self) -> bool:
+        """True when k / v are still the leading part of this cache's own buffers."""
+        if self._buffers is None:
+            return False
+        k_buffer, v_buffer = self._buffers
+        return (self.k.data_ptr() == k_buffer.data_ptr() and self.v.data_ptr() == v_buffer.data_ptr()
+                and self.k.shape[:2] == k_buffer.shape[:2] and self.k.stride() == k_buffer.stride())
+
+    def _room_for(self, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._owns_buffers() and self._buffers[0].shape[2] >= total:
+            return self._buffers
+        capacity = max(2 * total, self.MIN_CAPACITY)
+        buffers = []
+        for cached in (self.k, self.v):
+            buffer = cached.new_empty(*cached.shape[:2], capacity, cached.shape[3])
+            buffer[:, :, : cached.shape[2]] = cached
+            buffers.append(buffer)
+        self._buffers = tuple(buffers)
+        return self._buffers
 
     def fork(self) -> "KVCache":
         """A cache that starts from this one's keys and values (no copy) but whose updates stay
@@ -49,8 +78,14 @@ class KVCache:
         return other
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select rows (beam search keeps the surviving hypotheses)."""
-        if self.k is not None:
+        """Select rows (beam search keeps the surviving hypotheses); the spare room moves along."""
+        if self.k is None:
+            return
+        n = len(self)
+        if self._owns_buffers():
+            self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
+            self.k, self.v = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
+        else:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
@@ -83,13 +118,26 @@ def math_attention(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, cfg: BackboneConfig):
+    def __init__(self, cfg: BackboneConfig, cross_attention: bool = False):
+        """`cross_attention`: queries from x, keys and values from a context (the decoder's view of
+        the encoder). Only self-attention can fuse its projections (`cfg.fused_qkv`): q, k and v
+        then come from one Linear, one GEMM instead of two, which pays on a GPU; cross-attention
+        projects different inputs and keeps q_proj + kv_proj.
+        """
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.backend = cfg.backend
         self.dropout = cfg.attention_dropout
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
-        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=cfg.bias)
+        q_size, kv_size = cfg.n_heads * cfg.head_dim, 2 * cfg.kv_heads * cfg.head_dim
+        if cfg.fused_qkv and not cross_attention:
+            self.qkv_proj = nn.Linear(cfg.d_model, q_size + kv_size, bias=cfg.bias)
+            # Rows [q | k | v]; initialised part by part, as q_proj and kv_proj would be (the stack reads this).
+            self.qkv_proj.init_rows = [q_size, kv_size]
+            self.q_proj = self.kv_proj = None
+        else:
+            self.qkv_proj = None
+            self.q_proj = nn.Linear(cfg.d_model, q_size, bias=cfg.bias)
+            self.kv_proj = nn.Linear(cfg.d_model, kv_size, bias=cfg.bias)
         self.out_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
         self.register_buffer("head_mask", torch.ones(cfg.n_heads), persistent=False)
         self.heads_masked = False
@@ -111,6 +159,17 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(source).chunk(2, dim=-1)
         return self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, H, L, D), keys and values (B, H_kv, L, D) of x (self-attention).
+
+        Fused, the rows of `qkv_proj` are [q | k | v]: the concatenation of q_proj's weight and
+        kv_proj's (itself [k | v]), so an unfused checkpoint converts by concatenating."""
+        if self.qkv_proj is None:
+            return (self._split(self.q_proj(x), self.n_heads), *self.project_kv(x))
+        kv_size = self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_size, kv_size], dim=-1)
+        return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -122,11 +181,17 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Lq, d); context (B, Lk, d) for cross-attention; mask bool (True = attend) or additive float."""
-        q = self._split(self.q_proj(x), self.n_heads)
+        if context is None:
+            q, k, v = self.project_qkv(x)
+        elif self.qkv_proj is not None:
+            raise ValueError("fused q/k/v is self-attention only: build cross-attention with cross_attention=True")
+        else:
+            q = self._split(self.q_proj(x), self.n_heads)
         if cache is not None and cache.static and len(cache):
             k, v = cache.k, cache.v
         else:
-            k, v = self.project_kv(x if context is None else context)
+            if context is not None:
+                k, v = self.project_kv(context)
             if rotary is not None:
                 k = apply_rotary(k, rotary)
             if cache is not None:

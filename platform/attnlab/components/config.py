@@ -38,6 +38,9 @@ class BackboneConfig:
     bias: bool = True
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model), as the paper does
     tie_embeddings: bool = True  # share input embedding and output projection
+    # GPU options: they change how the same function is computed, not the function.
+    fused_qkv: bool = False  # self-attention q, k, v in one GEMM (False keeps older checkpoints' keys)
+    vocab_multiple: int = 1  # pad the embedding rows to a multiple (64: tensor-core shapes); logits stay V wide
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -46,9 +49,17 @@ class BackboneConfig:
                 raise ConfigError(
                     f"backbone.{name}={value!r} is not one of {', '.join(allowed)}: pick one of those"
                 )
-        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"backbone.{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions", "vocab_multiple"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"model.init_args.backbone.{name}={value!r} must be a positive integer"
+                    + (" (1: no padding; 64 suits GPU tensor cores)" if name == "vocab_multiple" else "")
+                )
+        if not isinstance(self.fused_qkv, bool):
+            raise ConfigError(
+                f"model.init_args.backbone.fused_qkv={self.fused_qkv!r} must be true or false"
+            )
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
             raise ConfigError(

@@ -42,7 +42,7 @@ class TransformerLayer(nn.Module):
     def __init__(self, cfg: BackboneConfig, cross_attention: bool = False):
         super().__init__()
         self.self_attn = SubLayer(cfg, MultiHeadAttention(cfg))
-        self.cross_attn = SubLayer(cfg, MultiHeadAttention(cfg)) if cross_attention else None
+        self.cross_attn = SubLayer(cfg, MultiHeadAttention(cfg, cross_attention=True)) if cross_attention else None
         self.ffn = SubLayer(cfg, build_feedforward(cfg))
 
     def forward(

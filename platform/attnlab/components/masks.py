@@ -83,7 +83,14 @@ def block_diffusion_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor)
 
 
 def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
-    """The same mask as a FlexAttention BlockMask (sparse: fully hidden tiles are skipped)."""
+    """The same mask as a FlexAttention BlockMask (sparse: fully hidden tiles are skipped).
+
+    Built for every batch, not cached per shape: the layout comes from the batch's lengths
+    (each row's prefix, block count and padding), so two batches of one shape rarely share a
+    mask, and a mask cached by shape would be wrong. What makes per-batch building cheap is
+    compiling it: on CUDA `create_block_mask` runs compiled (`_compile=True`) instead of
+    evaluating mask_mod eagerly over the whole L×L grid. On CPU (tests, a reference) it stays eager.
+    """
     from torch.nn.attention.flex_attention import create_block_mask
 
     blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
@@ -93,4 +100,4 @@ def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Te
         return visible | (q == k)
 
     n = blocks.shape[1]
-    return create_block_mask(mask_mod, blocks.shape[0], None, n, n, device=blocks.device)
+    return create_block_mask(mask_mod, blocks.shape[0], None, n, n, device=blocks.device, _compile=blocks.is_cuda)

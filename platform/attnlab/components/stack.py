@@ -40,7 +40,9 @@ class TransformerStack(nn.Module):
     def _init_linear_weights(self) -> None:
         for module in self.layers.modules():
             if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
+                # A fused projection (fused_qkv) starts as its parts would: xavier's bound depends on the width.
+                for part in module.weight.split(getattr(module, "init_rows", [module.out_features])):
+                    nn.init.xavier_uniform_(part)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 

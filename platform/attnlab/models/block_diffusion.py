@@ -59,7 +59,10 @@ class BlockDiffusionModel(nn.Module):
     def joint_pass(self, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None,
                    need_weights=False):
         """Hidden states (B, Ln+Lc, d) of `x_t ⊕ x_0` and per-layer weights when asked (which
-        takes the dense mask: FlexAttention returns no weights)."""
+        takes the dense mask: FlexAttention returns no weights).
+
+        The mask is built per call: its layout depends on the batch's padding (see
+        `block_diffusion_flex_mask` for why it is not cached and how it is kept cheap on GPU)."""
         if clean_positions is None:
             clean_positions = torch.arange(clean.shape[1], device=clean.device).expand_as(clean)
         tokens = torch.cat((noisy, clean), dim=1)

@@ -18,6 +18,7 @@ class DecodeState:
     key_valid: torch.Tensor  # (B, Lk) bool
     key_positions: torch.Tensor  # (B, Lk)
     next_position: torch.Tensor  # (B,) position of the next real token
+    padded: bool = False  # has any key been padding? Until then no call needs a mask
 
     @classmethod
     def empty(cls, caches: list[LayerCache], batch_size: int, device=None) -> "DecodeState":
@@ -55,15 +56,23 @@ class DecoderOnlyModel(nn.Module):
         start = state.next_position if state is not None else torch.zeros_like(tokens[:, 0])
         positions = (start[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
         key_valid, key_positions = valid, positions
+        mask, is_causal = None, False
         if state is not None:
             key_valid = torch.cat((state.key_valid, valid), dim=1)
             key_positions = torch.cat((state.key_positions, positions), dim=1)
             state.key_valid, state.key_positions = key_valid, key_positions
             state.next_position = start + valid.long().sum(1)
+            state.padded = state.padded or not bool(valid.all())
+        n_new, n_keys = tokens.shape[1], key_valid.shape[1]
+        if state is not None and not state.padded and (n_new == 1 or n_new == n_keys):
+            # Unpadded: one new token sees every key, and a first call is plain causal, so the
+            # fused kernels run without a mask (most of a decoding step's fixed cost on CPU).
+            is_causal = n_new > 1
+        else:
+            mask = causal_padding_mask(key_valid, n_new)
         return self.stack(
-            tokens, positions, mask=causal_padding_mask(key_valid, tokens.shape[1]),
-            key_positions=key_positions, caches=state.caches if state is not None else None,
-            need_weights=need_weights,
+            tokens, positions, mask=mask, is_causal=is_causal, key_positions=key_positions,
+            caches=state.caches if state is not None else None, need_weights=need_weights,
         )
 
     def forward(self, tokens, valid=None, state: DecodeState | None = None) -> torch.Tensor:

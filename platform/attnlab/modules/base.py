@@ -6,6 +6,7 @@ loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, replace
 from typing import NamedTuple
@@ -65,6 +66,7 @@ class AttentionMap(NamedTuple):
 
 class FamilyModule(L.LightningModule):
     family = "base"
+    compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)
 
     def __init__(
         self,
@@ -75,8 +77,13 @@ class FamilyModule(L.LightningModule):
         special_ids: SpecialIds | None = None,
         eval_every_n_epochs: int = 1,
         num_examples: int = 3,
+        compile: bool = False,
     ):
-        """vocab_size and special_ids are linked from the data module; do not set them in a config."""
+        """vocab_size and special_ids are linked from the data module; do not set them in a config.
+
+        compile: torch.compile the transformer stacks when a Trainer runs (see `configure_model`);
+        it pays on a GPU. Weights and checkpoints are the same either way.
+        """
         super().__init__()
         self.backbone = _coerce(BackboneConfig, backbone)
         self.optim = _coerce(OptimizerConfig, optimizer)
@@ -89,15 +96,19 @@ class FamilyModule(L.LightningModule):
             )
         if eval_every_n_epochs < 0:
             raise ConfigError(f"model.eval_every_n_epochs={eval_every_n_epochs} must be >= 0 (0 = never)")
+        if not isinstance(compile, bool):
+            raise ConfigError(f"model.init_args.compile={compile!r} must be true or false")
         self.vocab_size = vocab_size
         self.eval_every_n_epochs = eval_every_n_epochs
         self.num_examples = num_examples
+        self.compile_model = compile  # not `self.compile`: that is nn.Module.compile
+        self._compiled = False
         # Plain dicts only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "backbone": asdict(self.backbone), "optimizer": asdict(self.optim),
             "generation": asdict(self.sampling), "vocab_size": vocab_size,
             "special_ids": asdict(self.special), "eval_every_n_epochs": eval_every_n_epochs,
-            "num_examples": num_examples,
+            "num_examples": num_examples, "compile": compile,
         })
         self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
         self.examples: list[tuple[str, str, str]] = []
@@ -143,6 +154,27 @@ class FamilyModule(L.LightningModule):
             self.tokenizer = datamodule.tokenizer
             if self.backbone.positional == "learned":
                 self._check_position_table(datamodule)
+
+    def configure_model(self) -> None:
+        """With `compile`, torch.compile every transformer stack, once, in place.
+
+        In place (nn.Module.compile), so state-dict keys stay clean (no `_orig_mod.`) and a
+        checkpoint loads into an eager model. The stacks, not `self.model`: the families call the
+        model's methods (hidden, encode, decode, denoise), never its forward, while every path
+        goes through the stacks' forward. `dynamic=True`: batches vary in length (and block
+        diffusion in padding), so shapes are symbolic from the first compile instead of one graph
+        per length. Training and validation losses run compiled; generation runs eagerly
+        (`_eager_generation`): its incremental calls with growing caches would be a new graph at
+        nearly every step, for kernels too small to gain from compiling.
+        """
+        if self.compile_model and not self._compiled:
+            for stack in self.attention_stacks().values():
+                stack.compile(dynamic=True, backend=self.compile_backend)
+            self._compiled = True
+
+    def _eager_generation(self):
+        """A context in which compiled stacks run as plain eager modules (see `configure_model`)."""
+        return torch.compiler.set_stance("force_eager") if self._compiled else contextlib.nullcontext()
 
     def _check_position_table(self, datamodule) -> None:
         """Fail before training, not at the first generation, when data outgrows the learned table."""
@@ -190,7 +222,8 @@ class FamilyModule(L.LightningModule):
         if not generate or self.tokenizer is None or batch["source"].shape[1] == 0:
             return
         started = time.perf_counter()
-        ids = self.generate_ids(batch)
+        with self._eager_generation():
+            ids = self.generate_ids(batch)
         seconds = time.perf_counter() - started
         hypotheses = self.tokenizer.decode_batch(ids)
         metrics.update_generation(hypotheses, batch["target_text"], sum(len(i) + 1 for i in ids), seconds)
@@ -227,7 +260,8 @@ class FamilyModule(L.LightningModule):
         self.test_metrics.reset()
 
     def predict_step(self, batch, batch_idx):
-        hypotheses = self.tokenizer.decode_batch(self.generate_ids(batch))
+        with self._eager_generation():
+            hypotheses = self.tokenizer.decode_batch(self.generate_ids(batch))
         return [
             {"source": s, "reference": r, "hypothesis": h}
             for s, r, h in zip(batch["source_text"], batch["target_text"], hypotheses)
@@ -272,6 +306,7 @@ class FamilyModule(L.LightningModule):
             chunk = sources[start : start + batch_size]
             encoded = self.tokenizer.encode_batch(chunk)
             batch = self.collate_on_device([Example(ids, [], text, "") for ids, text in zip(encoded, chunk)])
-            out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
+            with self._eager_generation():
+                out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
         self.train(was_training)
         return out

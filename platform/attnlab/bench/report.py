@@ -1,0 +1,68 @@
+"""The bench's verdicts (the ratios issue 6 sets as targets) and its printed table."""
+from __future__ import annotations
+
+# (what, numerator, denominator, section, target: the least acceptable ratio, None = informative)
+TARGETS = [
+    ("DecoderOnly training vs HF GPT2LMHeadModel", "decoder_only", "hf_gpt2", "training", 1.5),
+    ("EncoderDecoder training vs torch.nn.Transformer", "encoder_decoder", "torch_transformer", "training", 1.2),
+    ("BlockDiffusion training vs DecoderOnly", "block_diffusion", "decoder_only", "training", 0.45),
+    ("DecoderOnly KV-cached generation vs HF generate", "decoder_only", "hf_generate", "generation", 2.0),
+    ("EncoderDecoder KV-cached generation vs nn.Transformer (no cache)", "encoder_decoder", "torch_transformer",
+     "generation", None),
+    ("BlockDiffusion generation vs DecoderOnly", "block_diffusion", "decoder_only", "generation", None),
+]
+MEMORY_GROWTH_LIMIT = 2.2  # sdpa peak at 2L over peak at L: linear growth is 2
+
+
+def check_targets(result: dict) -> list[dict]:
+    """Each ratio the run can compute, its target (None: informative only) and whether it holds."""
+    checks = []
+    for what, top, bottom, section, target in TARGETS:
+        rows = result.get(section, {})
+        if top in rows and bottom in rows:
+            ratio = rows[top]["tokens_per_s"] / rows[bottom]["tokens_per_s"]
+            checks.append({"what": what, "ratio": ratio, "target": target,
+                           "holds": None if target is None else ratio >= target})
+    sdpa = result.get("memory", {}).get("sdpa", {})
+    lengths = sorted(sdpa)
+    if len(lengths) >= 2 and lengths[-1] == 2 * lengths[-2] and sdpa[lengths[-2]] > 0:  # tiny lengths can read 0
+        growth = sdpa[lengths[-1]] / sdpa[lengths[-2]]
+        checks.append({"what": f"sdpa attention peak memory, {lengths[-1]} over {lengths[-2]} tokens",
+                       "ratio": growth, "target": MEMORY_GROWTH_LIMIT, "holds": growth <= MEMORY_GROWTH_LIMIT,
+                       "at_most": True})
+    return checks
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def format_report(result: dict) -> str:
+    """Markdown tables: the README quotes this output as is."""
+    out = [f"attnlab bench, {result['date']}, {result['device']}, torch {result['torch']}, "
+           f"precision {result['options']['precision']}, compile {result['options']['compile']}"]
+    peaks = result["peak_flops"]
+    if result.get("training"):
+        kinds = [k for k in ("measured", "table") if peaks.get(k)]
+        header = ["training", "s/step", "tokens/s", "GFLOP/token"] + [f"MFU ({k} peak)" for k in kinds]
+        rows = [[name, f"{r['seconds_per_step']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['flops_per_token'] / 1e9:.4f}"]
+                + [f"{100 * r['mfu_' + k]:.1f}%" for k in kinds] for name, r in result["training"].items()]
+        out += ["", _table(header, rows)]
+    if result.get("generation"):
+        rows = [[name, f"{r['seconds']:.3f}", f"{r['tokens_per_s']:,.0f}"] for name, r in result["generation"].items()]
+        out += ["", _table(["generation (greedy)", "s/batch", "new tokens/s"], rows)]
+    if result.get("memory"):
+        lengths = sorted({n for per in result["memory"].values() for n in per})
+        rows = [[backend] + [f"{per[n] / 2**20:,.1f}" if n in per else "-" for n in lengths]
+                for backend, per in result["memory"].items()]
+        out += ["", _table(["attention peak MiB (fwd+bwd)"] + [str(n) for n in lengths], rows)]
+    if result.get("targets"):
+        rows = []
+        for check in result["targets"]:
+            sign = "<=" if check.get("at_most") else ">="
+            target = "-" if check["target"] is None else f"{sign} {check['target']}"
+            verdict = {True: "holds", False: "MISSED", None: ""}[check["holds"]]
+            rows.append([check["what"], f"{check['ratio']:.2f}x", target, verdict])
+        out += ["", _table(["ratio", "measured", "target", ""], rows)]
+    return "\n".join(out)

@@ -1,0 +1,164 @@
+"""`attnlab bench`: training tokens/s with MFU, KV-cached generation tokens/s and attention
+memory against sequence length, for the families and their references, as a table and JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform as host
+from dataclasses import asdict, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from attnlab.bench.contenders import Options, generation_steps, platform_module, training_steps
+from attnlab.bench.flops import family_flops_per_token, measured_peak, table_peak
+from attnlab.bench.memory import peak_bytes
+from attnlab.bench.report import check_targets, format_report
+from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
+from attnlab.bench.timing import interleaved_medians
+from attnlab.errors import AttnlabError
+
+FAMILIES = ("decoder_only", "encoder_decoder", "block_diffusion")
+REFERENCE_OF = {"hf_gpt2": "decoder_only", "torch_transformer": "encoder_decoder"}
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="attnlab bench",
+        description="Measure the families against Hugging Face GPT-2, torch.nn.Transformer and each other, "
+        "interleaved in one process; prints a table and writes JSON. Ratios are what to compare across "
+        "machines, not absolute times.",
+    )
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu",
+                        help="cpu: REFERENCE.md's CPU configuration (default); gpt2-small: the GPU goal")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument("--precision", choices=("32", "bf16-mixed"), default=None,
+                        help="default: bf16-mixed on GPU, 32 on CPU (bf16 matmuls are ~500x slower on AVX2 CPUs)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (the nn.Module, in place)")
+    parser.add_argument("--no-fused-qkv", action="store_true", help="separate query and key/value projections")
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--only", nargs="+", choices=("train", "generate", "memory"), default=["train", "generate", "memory"])
+    parser.add_argument("--no-references", action="store_true", help="the families alone")
+    parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2 (no transformers installed)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (default 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median is reported (default 5)")
+    parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
+    parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="override any shape field of the preset, e.g. --set gen_new=64 ed_batch=32 "
+                        f"(fields: {', '.join(f.name for f in fields(BenchShape))})")
+    parser.add_argument("--output", "-o", default="bench.json", help="where to write the JSON (default bench.json)")
+    args = parser.parse_args(argv)
+    if args.warmup < 0 or args.rounds < 1:
+        parser.error("--warmup must be >= 0 and --rounds >= 1")
+    return args
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`--set field=value` pairs, typed like the BenchShape field (lengths as comma lists)."""
+    known = {f.name: f for f in fields(BenchShape)}
+    overrides = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in known or not value:
+            raise AttnlabError(f"--set {item}: expected FIELD=VALUE with FIELD one of {', '.join(known)}")
+        try:
+            overrides[name] = tuple(int(v) for v in value.split(",")) if name == "memory_lengths" else int(value)
+        except ValueError:
+            raise AttnlabError(f"--set {item}: {name} takes an integer" + (
+                " list such as 1024,2048" if name == "memory_lengths" else "")) from None
+        if min(overrides[name] if name == "memory_lengths" else (overrides[name],)) < 1:
+            raise AttnlabError(f"--set {item}: {name} must be positive")
+    return overrides
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttnlabError(f"--device {name}: torch sees no CUDA device here (use --device cpu)")
+    return device
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{host.processor() or host.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def bench_training(shape, options, args, peaks, say):
+    steps, tokens, modules = training_steps(shape, options, args.families, not args.no_references, not args.no_hf)
+    say(f"training: {', '.join(steps)} ({args.rounds} interleaved rounds after {args.warmup} warm-up steps)")
+    seconds = interleaved_medians(steps, args.warmup, args.rounds, options.device, say)
+    results = {}
+    for name, s in seconds.items():
+        family = REFERENCE_OF.get(name, name)
+        flops = family_flops_per_token(
+            family, modules[family].model, shape.vocab,
+            shape.ed_len if family == "encoder_decoder" else 0,
+            shape.ed_len if family == "encoder_decoder" else shape.seq_len,
+        )
+        rate = tokens[name] / s
+        results[name] = {
+            "seconds_per_step": s, "tokens_per_step": tokens[name], "tokens_per_s": rate,
+            "flops_per_token": flops,
+            **{f"mfu_{kind}": rate * flops / peak for kind, peak in peaks.items() if peak},
+        }
+    return results, modules
+
+
+def bench_generation(shape, options, modules, args, say):
+    steps = generation_steps(shape, options, modules, not args.no_references, not args.no_hf)
+    say(f"generation: {', '.join(steps)} (greedy, {shape.gen_batch} x {shape.gen_new} new tokens)")
+    # Eager for every contender, as attnlab's own evaluation generates: incremental steps with a
+    # growing cache would recompile at nearly every step.
+    with torch.compiler.set_stance("force_eager"):
+        seconds = interleaved_medians(steps, 1, max(3, args.rounds // 2), options.device, say)
+    new_tokens = shape.gen_batch * shape.gen_new
+    return {name: {"seconds": s, "tokens_per_s": new_tokens / s} for name, s in seconds.items()}
+
+
+def bench_memory(shape, options, dtype, say):
+    results = {}
+    for backend in ("sdpa", "math"):
+        lengths = [n for n in shape.memory_lengths if backend == "sdpa" or n <= shape.memory_math_max]
+        say(f"attention memory ({backend}): lengths {lengths}")
+        results[backend] = {n: peak_bytes(n, shape.d_model, shape.n_heads, backend, options.device, dtype) for n in lengths}
+    return results
+
+
+def bench_main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32")
+    options = Options(device, precision, args.compile, not args.no_fused_qkv)
+    shape = resolve_shape(args.size, batch=args.batch, seq_len=args.seq_len, **parse_overrides(args.set))
+    say = lambda message: print(message, flush=True)  # noqa: E731
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+    say(f"attnlab bench on {device_name(device)}, precision {precision}, compile {args.compile}")
+    peaks = {"measured": measured_peak(device, dtype), "table": table_peak(device, precision)}
+    say(f"peak matmul: measured {peaks['measured'] / 1e12:.3f} TFLOP/s"
+        + (f", data sheet {peaks['table'] / 1e12:.0f} TFLOP/s" if peaks["table"] else ""))
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device_name(device),
+        "torch": torch.__version__, "size": args.size, "shape": asdict(shape),
+        "options": {"precision": precision, "compile": args.compile, "fused_qkv": options.fused_qkv},
+        "peak_flops": peaks, "command": "attnlab bench " + " ".join(argv),
+    }
+    modules = {}
+    if "train" in args.only:
+        result["training"], modules = bench_training(shape, options, args, peaks, say)
+    if "generate" in args.only:
+        modules = modules or {f: platform_module(f, shape, options) for f in args.families}
+        result["generation"] = bench_generation(shape, options, modules, args, say)
+    if "memory" in args.only:
+        result["memory"] = bench_memory(shape, options, dtype, say)
+    result["targets"] = check_targets(result)
+    print(format_report(result))
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,34 @@
+"""Interleaved timing: every contender runs one step per round, so a slow spell of the machine
+(another process, thermal throttling) hits all of them alike and the ratios stay fair."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_medians(steps: dict[str, Callable[[], None]], warmup: int, rounds: int,
+                        device: torch.device, progress: Callable[[str], None] = print) -> dict[str, float]:
+    """Median seconds per call of each step; `warmup` untimed calls each first (allocator, compile)."""
+    for name, step in steps.items():
+        progress(f"  warming up {name}")
+        for _ in range(warmup):
+            step()
+        synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for round_ in range(rounds):
+        for name, step in steps.items():
+            synchronize(device)
+            started = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - started)
+        progress(f"  round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()))
+    return {name: statistics.median(t) for name, t in times.items()}
