@@ -1,4 +1,5 @@
-"""Two CPU processes (DDP over gloo) against one: metrics agree, and only rank zero writes.
+"""Two CPU processes (DDP over gloo) against one: metrics agree, and only rank zero writes; and
+the per-layer FSDP strategy (experiments/distributed/fsdp.yaml) over gloo against DDP.
 
 Lightning relaunches `python -m attnlab ...` for rank 1, so these run in real subprocesses.
 """
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DEBUG_DATA, DEBUG_YAML, read_metrics, run_process
+from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, read_metrics, run_process
 
 CPU = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
        "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"]
@@ -17,8 +18,13 @@ DATA = [*DEBUG_DATA[:2], "--data.init_args.max_eval_examples", "16", "--data.ini
         "--trainer.limit_val_batches", "1.0"]
 
 
-def _fit(root, *extra):
-    args = ["fit", "--config", DEBUG_YAML, "--run.root", root, "--run.wandb", "offline", *CPU, *DATA,
+FSDP_YAML = EXPERIMENTS / "distributed" / "fsdp.yaml"
+
+
+def _fit(root, *extra, fragments=()):
+    """fit of debug.yaml; `fragments` are --config files placed before the overrides (they set devices)."""
+    configs = [a for fragment in fragments for a in ("--config", fragment)]
+    args = ["fit", "--config", DEBUG_YAML, *configs, "--run.root", root, "--run.wandb", "offline", *CPU, *DATA,
             "--trainer.max_epochs", "2", "--model.init_args.eval_every_n_epochs", "0", *extra]
     result = run_process(args, cwd=root, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -35,16 +41,23 @@ def single_and_ddp(tmp_path_factory):
 
 
 def test_validation_metrics_are_synchronised_exactly_across_ranks(single_and_ddp, tmp_path):
-    """The same checkpoint validated by 1 and by 2 processes gives the same val/nll."""
+    """The same checkpoint validated by 1 process, 2 DDP processes and 2 FSDP processes (which load
+    the ordinary checkpoint into their shards) gives the same val/nll."""
     single, _ = single_and_ddp
-    args = ["validate", "--config", DEBUG_YAML, "--run.root", tmp_path, "--run.wandb", "disabled", *CPU, *DATA,
+    validate = ["validate", "--config", DEBUG_YAML]
+    args = ["--run.root", tmp_path, "--run.wandb", "disabled", *CPU, *DATA,
             "--model.init_args.eval_every_n_epochs", "0", "--ckpt_path", single / "checkpoints" / "last.ckpt"]
-    one = run_process([*args, "--trainer.devices", "1", "--run.version", "v1"], cwd=tmp_path, timeout=300)
-    two = run_process([*args, *DDP, "--run.version", "v2"], cwd=tmp_path, timeout=300)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    one = run_process([*validate, *args, "--trainer.devices", "1", "--run.version", "v1"], cwd=tmp_path, timeout=300)
+    two = run_process([*validate, *args, *DDP, "--run.version", "v2"], cwd=tmp_path, timeout=300)
+    fsdp = run_process([*validate, "--config", FSDP_YAML, *args, "--trainer.devices", "2", "--run.version", "v3"],
+                       cwd=tmp_path, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0 and fsdp.returncode == 0, (
+        one.stderr + two.stderr + fsdp.stderr)[-3000:]
     nll_one = read_metrics(tmp_path / "debug" / "v1")["val/nll"][-1]
     nll_two = read_metrics(tmp_path / "debug" / "v2")["val/nll"][-1]
+    nll_fsdp = read_metrics(tmp_path / "debug" / "v3")["val/nll"][-1]
     assert nll_two == pytest.approx(nll_one, rel=1e-5)
+    assert nll_fsdp == pytest.approx(nll_one, rel=1e-5)
 
 
 def test_ddp_training_tracks_one_process(single_and_ddp):
@@ -92,3 +105,86 @@ def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
     assert chosen in [pytest.approx(c) for c in candidates]
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert state["train_noise"].tolist() == pytest.approx(chosen)
+
+
+def test_fsdp_trains_like_ddp_and_writes_an_ordinary_checkpoint(single_and_ddp, tmp_path):
+    """LayerWiseFSDP on 2 CPU processes from the same initialisation, data and steps as the DDP run:
+    the same losses (sharding changes where the numbers live, not the arithmetic), through
+    clipping by norm and generation at every validation (ranks generate different numbers of
+    tokens), into a run folder named after the experiment, with a single-file checkpoint that
+    loads like any other and an averaged checkpoint of every weight."""
+    import json
+
+    import torch
+
+    from attnlab.checkpoint import load_checkpoint
+
+    _, ddp_parent = single_and_ddp
+    (ddp,) = list(ddp_parent.iterdir())
+    # A clip far above the gradient norm: the clipping path runs (a collective over the shards)
+    # without changing the update, so the run still matches DDP's unclipped one.
+    _fit(tmp_path, "--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.version", "fsdp",
+         "--run.wandb", "disabled", "--trainer.gradient_clip_val", "1000", "--model.init_args.eval_every_n_epochs", "1",
+         "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
+         fragments=[FSDP_YAML])
+    run = tmp_path / "debug" / "fsdp"
+    fsdp_metrics, ddp_metrics = read_metrics(run), read_metrics(ddp)
+    assert fsdp_metrics["train/loss"] == pytest.approx(ddp_metrics["train/loss"], rel=1e-4)
+    assert fsdp_metrics["val/nll"] == pytest.approx(ddp_metrics["val/nll"], rel=1e-4)
+    assert "val/chrf" in fsdp_metrics, "generation did not run in validation"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["params"] == json.loads((ddp / "summary.json").read_text())["params"]
+
+    ckpt_path = run / "checkpoints" / "last.ckpt"
+    assert ckpt_path.is_file()
+    ours = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+    theirs = torch.load(ddp / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    for key, value in ours.items():
+        torch.testing.assert_close(value, theirs[key], rtol=0, atol=1e-3, msg=key)
+    module, _ = load_checkpoint(ckpt_path)
+    assert len(module.translate(["twenty one"])) == 1
+    # The average of the 2 epochs covers every weight, the root unit's (embeddings, final norm) too.
+    averaged = torch.load(run / "checkpoints" / "averaged.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert averaged.keys() == ours.keys()
+    assert [key for key, value in averaged.items() if torch.equal(value, ours[key])] == []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_nodes_with_the_multinode_fragment(tmp_path):
+    """The README's torchrun command for two machines, run as two 'nodes' of one CPU process each
+    on this machine: Lightning takes the ranks from torchrun (num_nodes 2 x devices 1 = world size
+    2), and the run writes one run folder (--run.version: each node picks its own timestamp)."""
+    import os
+    import subprocess
+    import sys
+
+    port = str(_free_port())
+    args = ["-m", "attnlab", "fit", "--config", DEBUG_YAML, "--config", EXPERIMENTS / "distributed" / "multinode.yaml",
+            *CPU, "--trainer.devices", "1", *DATA, "--data.init_args.batch_size", "16", "--trainer.max_epochs", "1",
+            "--model.init_args.eval_every_n_epochs", "0", "--run.root", tmp_path, "--run.version", "two-nodes",
+            "--run.wandb", "disabled"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port, *map(str, args)],
+            cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            encoding="utf-8", errors="replace")
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert "MEMBER: 1/2" in outputs[0] and "MEMBER: 2/2" in outputs[1]
+    assert [p.name for p in (tmp_path / "debug").iterdir()] == ["two-nodes"]
+    assert read_metrics(tmp_path / "debug" / "two-nodes")["val/nll"]

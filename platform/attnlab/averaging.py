@@ -57,14 +57,44 @@ class CheckpointAveraging(L.Callback):
         self.snapshots: deque = deque(maxlen=last_k)
         self.path: Path | None = None
 
+    def on_fit_start(self, trainer, pl_module):
+        if _fully_sharded(trainer) and getattr(trainer.strategy, "_state_dict_type", "full") != "full":
+            raise AttnlabError("CheckpointAveraging under FSDP needs single-file checkpoints: "
+                               "set the strategy's state_dict_type to full")
+
     def on_train_epoch_end(self, trainer, pl_module):
+        if _fully_sharded(trainer):
+            # Under FSDP the module's own state_dict misses the root unit's weights (embeddings,
+            # final norm); the strategy's is complete, on rank zero (a collective: every rank asks).
+            state = trainer.strategy.lightning_module_state_dict()
+            self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+            return
         self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()})
 
     def on_fit_end(self, trainer, pl_module):
         if not self.snapshots or trainer.checkpoint_callback is None or not trainer.checkpoint_callback.dirpath:
+            return
+        if _fully_sharded(trainer):
+            self._write_sharded_average(trainer)
             return
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         pl_module.load_state_dict(average_state_dicts(list(self.snapshots)))
         self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
         trainer.save_checkpoint(self.path)
         pl_module.load_state_dict(current)
+
+    def _write_sharded_average(self, trainer) -> None:
+        """FSDP: write the ordinary checkpoint (a collective), then put the average in it on rank zero."""
+        self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
+        trainer.save_checkpoint(self.path)
+        if trainer.is_global_zero:
+            checkpoint = torch.load(self.path, map_location="cpu", weights_only=True)
+            checkpoint["state_dict"] = average_state_dicts(list(self.snapshots))
+            torch.save(checkpoint, self.path)
+        trainer.strategy.barrier()
+
+
+def _fully_sharded(trainer) -> bool:
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return isinstance(trainer.strategy, FSDPStrategy)

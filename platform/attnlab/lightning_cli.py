@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -57,14 +58,19 @@ class AttnlabCLI(LightningCLI):
         return kwargs
 
     def _experiment_name(self) -> str:
-        """run.name, else the config's path under experiments/ without .yaml (multi30k/decoder_only)."""
+        """run.name, else the config's path under experiments/ without .yaml (multi30k/decoder_only).
+
+        The config is the last one that sets `model`: a trainer fragment added after it
+        (experiments/distributed/fsdp.yaml) does not rename the run.
+        """
         options = self._get(self.config, "run")
         if options.name:
             return options.name
         configs = self._get(self.config, "config") or []
         if not configs:
             return type(self.model).family
-        path = Path(str(configs[-1])).resolve().with_suffix("")
+        experiments = [c for c in configs if _sets_model(c)] or configs
+        path = Path(str(experiments[-1])).resolve().with_suffix("")
         parts = path.parts
         if "experiments" in parts:
             return "/".join(parts[len(parts) - parts[::-1].index("experiments"):])
@@ -125,3 +131,12 @@ class AttnlabCLI(LightningCLI):
         for row in rows[:3]:
             print(f"  {row['source']}\n    ref: {row['reference']}\n    out: {row['hypothesis']}")
         print(f"{len(rows)} predictions written to {out}")
+
+
+def _sets_model(config) -> bool:
+    """Whether a --config file sets `model` (an experiment) rather than only trainer settings."""
+    try:
+        with open(str(config), encoding="utf-8") as f:
+            return "model" in (yaml.safe_load(f) or {})
+    except (OSError, yaml.YAMLError, AttributeError, TypeError):
+        return True

@@ -11,6 +11,10 @@ import lightning as L
 class RunSummary(L.Callback):
     """Family, parameter count, wall time of fit, epochs and steps, written when fit ends."""
 
+    def setup(self, trainer, pl_module, stage):
+        # Counted before the strategy wraps the model: FSDP leaves each rank only its shard.
+        self._params = sum(p.numel() for p in pl_module.parameters())
+
     def on_fit_start(self, trainer, pl_module):
         self._started = time.perf_counter()
 
@@ -20,7 +24,7 @@ class RunSummary(L.Callback):
             return
         summary = {
             "family": pl_module.family,
-            "params": sum(p.numel() for p in pl_module.parameters()),
+            "params": self._params,
             "fit_seconds": round(time.perf_counter() - self._started, 2),
             "epochs": trainer.current_epoch,
             "steps": trainer.global_step,
