@@ -131,3 +131,15 @@ def test_bad_bench_flags_fail_before_any_work(tmp_path, flags, message):
     result = run_process(["bench", *flags, "-o", tmp_path / "b.json"], cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "b.json").exists()
+
+
+def test_missing_transformers_is_named_with_the_extra_to_install(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    from attnlab.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    assert main(["bench", "-o", str(tmp_path / "b.json")]) == 2
+    assert "pip install -e '.[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()

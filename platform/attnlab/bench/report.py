@@ -24,7 +24,7 @@ def check_targets(result: dict) -> list[dict]:
             checks.append({"what": what, "ratio": ratio, "target": target,
                            "holds": None if target is None else ratio >= target})
     sdpa = result.get("memory", {}).get("sdpa", {})
-    lengths = sorted(sdpa)
+    lengths = sorted(sdpa, key=int)
     if len(lengths) >= 2 and lengths[-1] == 2 * lengths[-2] and sdpa[lengths[-2]] > 0:  # tiny lengths can read 0
         growth = sdpa[lengths[-1]] / sdpa[lengths[-2]]
         checks.append({"what": f"sdpa attention peak memory, {lengths[-1]} over {lengths[-2]} tokens",
@@ -53,7 +53,7 @@ def format_report(result: dict) -> str:
         rows = [[name, f"{r['seconds']:.3f}", f"{r['tokens_per_s']:,.0f}"] for name, r in result["generation"].items()]
         out += ["", _table(["generation (greedy)", "s/batch", "new tokens/s"], rows)]
     if result.get("memory"):
-        lengths = sorted({n for per in result["memory"].values() for n in per})
+        lengths = sorted({n for per in result["memory"].values() for n in per}, key=int)  # JSON keys are strings
         rows = [[backend] + [f"{per[n] / 2**20:,.1f}" if n in per else "-" for n in lengths]
                 for backend, per in result["memory"].items()]
         out += ["", _table(["attention peak MiB (fwd+bwd)"] + [str(n) for n in lengths], rows)]

@@ -3,6 +3,7 @@ memory against sequence length, for the families and their references, as a tabl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform as host
 from dataclasses import asdict, fields
@@ -52,6 +53,10 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.warmup < 0 or args.rounds < 1:
         parser.error("--warmup must be >= 0 and --rounds >= 1")
+    wants_hf = "decoder_only" in args.families and not (args.no_hf or args.no_references)
+    if wants_hf and importlib.util.find_spec("transformers") is None:
+        raise AttnlabError("the GPT-2 reference needs Hugging Face transformers: pip install -e '.[bench]' "
+                           "(or pass --no-hf to bench without it)")
     return args
 
 
@@ -85,7 +90,19 @@ def resolve_device(name: str) -> torch.device:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{host.processor() or host.machine()} CPU, {torch.get_num_threads()} threads"
+    return f"{cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux tells it (/proc/cpuinfo), else the architecture."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{host.machine()} CPU"
 
 
 def bench_training(shape, options, args, peaks, say):
