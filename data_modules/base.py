@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
 from data_modules.batch import Example, SpecialIds, collate
-from data_modules.batching import TokenBudgetBatchSampler
+from data_modules.batching import EpochRandomSampler, TokenBudgetBatchSampler
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
 
 Pairs = list[tuple[str, str]]
@@ -67,6 +69,7 @@ class TokenizedDataModule(L.LightningDataModule):
         self.max_tokens = max_tokens
         self._tokenizer: Tokenizer | None = None
         self._examples: dict[str, list[Example]] | None = None
+        self._resume_position: tuple[int, int] | None = None  # (epoch, batches trained) from a checkpoint
 
     # ---- what subclasses provide -------------------------------------------------------------
 
@@ -157,23 +160,64 @@ class TokenizedDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         collate_fn = functools.partial(collate, pad_id=self.special_ids.pad)
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        # The loader's own generator (worker seeds) keeps iter() off the global RNG, which
+        # dropout and noise use: an epoch boundary draws nothing from it, resumed or not.
+        generator = torch.Generator().manual_seed(seed)
+        resume = None
+        if shuffle:  # a checkpoint's position applies once, to the first training loader
+            resume, self._resume_position = self._resume_position, None
         if shuffle and self.max_tokens:
             examples = self.examples(split)
             sampler = TokenBudgetBatchSampler(
-                [len(e.source) + len(e.target) + 3 for e in examples], self.max_tokens,
-                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+                [len(e.source) + len(e.target) + 3 for e in examples], self.max_tokens, seed=seed,
             )
-            return DataLoader(examples, batch_sampler=sampler, num_workers=self.num_workers,
+            if resume:
+                sampler.resume_at(resume[0], resume[1])
+            return DataLoader(examples, batch_sampler=sampler, num_workers=self.num_workers, generator=generator,
                               persistent_workers=self.num_workers > 0, collate_fn=collate_fn)
+        examples = self.examples(split)
+        sampler = None
+        if shuffle:
+            # Order fixed by (seed, epoch), not by the global RNG, so a resumed epoch repeats it.
+            sampler = EpochRandomSampler(examples, seed=seed)
+            if resume:
+                sampler.resume_at(resume[0], resume[1] * self.batch_size)
         return DataLoader(
-            self.examples(split),
+            examples,
             batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            shuffle=shuffle,  # seeded by Lightning's seed_everything (torch's global RNG)
+            sampler=sampler,
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=collate_fn,
+            generator=generator,
         )
+
+    # ---- resuming (see attnlab.resume) -------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where training is in the current epoch, saved in every checkpoint, so a resumed run
+        skips the batches of the interrupted epoch that were already trained."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.state.fn != "fit":
+            return {}
+        done = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        epoch = int(trainer.current_epoch)
+        total = trainer.num_training_batches
+        if isinstance(total, int) and done >= total:
+            epoch, done = epoch + 1, 0
+        return {"train_position": {"epoch": epoch, "batches": done}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        position = (state_dict or {}).get("train_position")
+        if position:
+            self._resume_position = (int(position["epoch"]), int(position["batches"]))
+            trainer = getattr(self, "trainer", None)
+            if trainer is not None and trainer.world_size == 1:
+                # Lightning's "dataloader is not resumable" warning: ours resumes exactly on one
+                # process. (Under DDP Lightning swaps in its own sampler, so there it stands.)
+                warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

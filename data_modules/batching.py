@@ -7,7 +7,36 @@ from __future__ import annotations
 
 import random
 
+import torch
 import torch.distributed as dist
+from torch.utils.data import RandomSampler
+
+
+class EpochRandomSampler(RandomSampler):
+    """A shuffle fixed by (seed, epoch) alone, not by the global RNG's state, so a resumed run
+    draws the interrupted epoch's order again; `resume_at` skips the examples already trained.
+
+    A RandomSampler, so under DDP Lightning swaps in its DistributedSampler as before.
+    """
+
+    def __init__(self, data_source, seed: int = 0):
+        super().__init__(data_source)
+        self.seed, self.epoch = seed, 0
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """The next pass over `epoch` starts after its first `skip` examples."""
+        self.epoch, self._resume = epoch, (epoch, skip)
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.data_source), generator=generator).tolist()
+        resume, self._resume = self._resume, None
+        skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        return iter(order[skip:])
 
 
 class TokenBudgetBatchSampler:
@@ -16,6 +45,11 @@ class TokenBudgetBatchSampler:
         self.lengths, self.max_tokens, self.seed, self.shuffle = lengths, max_tokens, seed, shuffle
         self.epoch = 0
         self._cached: tuple[int, list[list[int]]] | None = None
+        self._resume: tuple[int, int] | None = None
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """The next pass over `epoch` starts after its first `skip` batches (of this rank)."""
+        self.epoch, self._resume = epoch, (epoch, skip)
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning each epoch, so the batch order changes reproducibly."""
@@ -51,7 +85,9 @@ class TokenBudgetBatchSampler:
         return batches
 
     def __iter__(self):
-        return iter(self._rank_batches())
+        resume, self._resume = self._resume, None
+        skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        return iter(self._rank_batches()[skip:])
 
     def __len__(self) -> int:
         return len(self._rank_batches())

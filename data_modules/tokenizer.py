@@ -147,13 +147,20 @@ def train_tokenizer(
     """
     check_tokenizer_args(vocab_size, model_type)
     path = Path(cache_dir).expanduser() / "tokenizers" / f"{cache_key(fingerprint, vocab_size, model_type)}.model"
+    tokenizer = None
     if path.is_file():
         try:
-            return Tokenizer.from_proto(path.read_bytes())
+            tokenizer = Tokenizer.from_proto(path.read_bytes())
         except DataError as e:
             log.warning("cached tokenizer %s is unusable (%s); retraining it", path, e)
-    tokenizer = Tokenizer.from_proto(_train(texts() if callable(texts) else texts, vocab_size, model_type))
-    atomic_write_bytes(path, tokenizer.model_proto)
+    if tokenizer is None:
+        tokenizer = Tokenizer.from_proto(_train(texts() if callable(texts) else texts, vocab_size, model_type))
+        atomic_write_bytes(path, tokenizer.model_proto)
+    if tokenizer.vocab_size < vocab_size:
+        # Not an error: the model is sized from the real vocabulary. Said, so a user who asked for
+        # more (a vocabulary larger than the corpus allows) knows what was used.
+        log.warning("%s = %d is more than this training text allows: the tokenizer has %d pieces, "
+                    "and the model's vocabulary is sized to match", _VOCAB_FIELD, vocab_size, tokenizer.vocab_size)
     return tokenizer
 
 

@@ -149,6 +149,24 @@ def run_process(args, cwd, env=None, timeout=180, **kwargs) -> subprocess.Comple
     )
 
 
+def parallel_config_text(train_source, train_target, val_source=None, val_target=None, extra: str = "") -> str:
+    """A tiny DecoderOnly config over ParallelTextDataModule files (val defaults to the train pair)."""
+    return (
+        "model:\n"
+        "  class_path: attnlab.DecoderOnly\n"
+        "  init_args:\n"
+        "    backbone: {d_model: 32, n_heads: 2, n_layers: 1, d_ff: 64}\n"
+        "data:\n"
+        "  class_path: data_modules.ParallelTextDataModule\n"
+        "  init_args:\n"
+        f"    train_source: {train_source}\n"
+        f"    train_target: {train_target}\n"
+        f"    val_source: {val_source or train_source}\n"
+        f"    val_target: {val_target or train_target}\n"
+        "    vocab_size: 300\n" + extra
+    )
+
+
 def debug_fit_args(root: Path, *extra, version: str = "v1") -> list[str]:
     """`fit` of experiments/debug.yaml, shrunk, writing to <root>/debug/<version>."""
     return ["fit", "--config", DEBUG_YAML, "--run.root", root, "--run.version", version,

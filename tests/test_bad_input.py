@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import DEBUG_YAML, FAST_TRAINER, debug_fit_args, read_metrics, run_process
+from conftest import DEBUG_YAML, FAST_TRAINER, debug_fit_args, parallel_config_text, read_metrics, run_process
 
 
 def assert_clear_error(result, *needles):
@@ -83,21 +83,8 @@ def test_generation_settings_are_checked(cli, tmp_path):
 
 def _parallel_config(tmp_path, train_source, train_target):
     config = tmp_path / "parallel.yaml"
-    config.write_text(
-        "model:\n"
-        "  class_path: attnlab.DecoderOnly\n"
-        "  init_args:\n"
-        "    backbone: {d_model: 32, n_heads: 2, n_layers: 1, d_ff: 64}\n"
-        "data:\n"
-        "  class_path: data_modules.ParallelTextDataModule\n"
-        "  init_args:\n"
-        f"    train_source: {train_source}\n"
-        f"    train_target: {train_target}\n"
-        f"    val_source: {train_source}\n"
-        f"    val_target: {train_source}\n"
-        "    vocab_size: 300\n",
-        encoding="utf-8",
-    )
+    # val_target is the source file on purpose: these tests only need two readable files
+    config.write_text(parallel_config_text(train_source, train_target, train_source, train_source), encoding="utf-8")
     return config
 
 

@@ -48,3 +48,16 @@ def test_chrf_equals_sacrebleu_chrf():
 
 def test_exact_match_counts_identical_strings():
     assert computed(HYPOTHESES, REFERENCES)["val/exact_match"] == pytest.approx(20.0)
+
+
+def test_a_nan_loss_reaches_the_logged_nll_instead_of_vanishing():
+    """torchmetrics drops NaN by default; a diverged model then read as val/nll = 0, a 'best' model."""
+    import math
+
+    import torch
+
+    metrics = EvalMetrics()
+    metrics.update_likelihood(torch.tensor(2.0), torch.tensor(2.0), 4)
+    metrics.update_likelihood(torch.tensor(float("nan")), torch.tensor(float("nan")), 4)
+    out = metrics.compute("val")
+    assert math.isnan(out["val/nll"]) and math.isnan(out["val/loss"]) and math.isnan(out["val/ppl"])

@@ -18,6 +18,13 @@ def average_state_dicts(state_dicts: list[dict]) -> dict:
     for i, sd in enumerate(state_dicts):
         if sd.keys() != keys:
             raise AttnlabError(f"checkpoint {i + 1} has different parameters than the last one: average runs of one model only")
+        for key, value in sd.items():
+            last = state_dicts[-1][key]
+            if torch.is_tensor(value) and torch.is_tensor(last) and value.shape != last.shape:
+                raise AttnlabError(
+                    f"checkpoint {i + 1}'s {key} has shape {tuple(value.shape)} but the last one's has "
+                    f"{tuple(last.shape)}: average checkpoints of one model configuration only"
+                )
     out = {}
     for key, last in state_dicts[-1].items():
         if torch.is_floating_point(last):
@@ -29,19 +36,21 @@ def average_state_dicts(state_dicts: list[dict]) -> dict:
 
 def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
     """Write a checkpoint like the last of `paths` whose weights are the mean of all of them."""
-    checkpoints = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise AttnlabError(f"checkpoint {path} does not exist")
-        checkpoints.append(torch.load(path, map_location="cpu", weights_only=True))
+    from attnlab.checkpoint import read_checkpoint
+
+    output = Path(output)
+    if output.exists():  # before reading anything: nothing of the user's is ever replaced
+        raise AttnlabError(f"--output {output} exists already; choose another --output (nothing was overwritten)")
+    checkpoints = [read_checkpoint(path) for path in paths]
     families = {(c.get("attnlab") or {}).get("family") for c in checkpoints}
     if len(families) != 1:
-        raise AttnlabError(f"cannot average checkpoints of different families: {sorted(map(str, families))}")
+        named = ", ".join(f"{p} ({c['attnlab']['family']})" for p, c in zip(paths, checkpoints))
+        raise AttnlabError(f"cannot average checkpoints of different families: {named}")
     merged = dict(checkpoints[-1])
-    merged["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
-    output = Path(output)
-    if output.exists():
-        raise AttnlabError(f"{output} exists already; choose another --output (nothing was overwritten)")
+    try:
+        merged["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
+    except AttnlabError as err:  # it counts checkpoints; name the files
+        raise AttnlabError(f"{err} (checkpoints in order: {', '.join(map(str, paths))})") from None
     torch.save(merged, output)
     return output
 

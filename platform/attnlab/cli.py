@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import re
 import sys
 
 from attnlab.errors import AttnlabError
@@ -53,8 +54,9 @@ def find_user_error(err: BaseException | None) -> AttnlabError | None:
         if isinstance(err, AttnlabError):
             return err
         if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) met code to run
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            return AttnlabError(f"refusing a checkpoint that holds objects which could run code when loaded ({reason})")
+            from attnlab.checkpoint import unpickling_refusal
+
+            return unpickling_refusal("(--ckpt_path)", err)
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
@@ -67,7 +69,60 @@ NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Er
 def condense_parse_error(message: str) -> str:
     """Keep what names the bad key; drop jsonargparse's account of every type it tried."""
     lines = [line for line in message.splitlines() if not line.strip().startswith(NOISE)]
-    return "\n".join(lines)
+    return _one_line(lines) or "\n".join(lines)
+
+
+def _one_line(lines: list[str]) -> str | None:
+    """jsonargparse's nested account of a bad value (`Parser key "model":` / `Problem with given
+    class_path 'X':` / `Parser key "backbone.d_model":` / the problem) as one line that names the
+    full key: `model.init_args.backbone.d_model: Expected a <class 'int'>. Got value: wide`."""
+    key_line = re.compile(r'^Parser key "([^"]+)":$')
+    class_line = re.compile(r"^Problem with given class_path '([^']+)':$")
+    stripped = [line.strip().lstrip("- ").strip() for line in lines if line.strip()]
+    if not stripped or not key_line.match(stripped[0]):
+        return None
+    keys, details, class_path, in_class = [], [], None, False
+    for line in stripped:
+        if m := key_line.match(line):
+            keys += (["init_args"] if in_class else []) + [m.group(1)]
+            in_class = False
+        elif m := class_line.match(line):
+            class_path, in_class = m.group(1), True
+        elif not line.startswith(NOISE):
+            details.append(line)
+    if not details:
+        return None
+    if in_class and details[-1].startswith("Option '"):  # an unknown key inside the class's init_args
+        keys.append("init_args")
+    where = f" (class_path {class_path})" if class_path else ""
+    return f"{'.'.join(keys)}: {'; '.join(details)}{where}"
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Every `--config FILE` must parse as YAML; name the file and line (jsonargparse would not)."""
+    import yaml
+
+    from attnlab.errors import ConfigError
+
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                yaml.safe_load(f)
+        except OSError:
+            continue  # missing / unreadable, or an inline YAML string: jsonargparse reports these
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"--config {path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"--config {path}{where}: not valid YAML ({problem}); fix the file's syntax") from None
 
 
 def _help() -> str:
@@ -164,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if verb not in LIGHTNING_VERBS:
             print(f"attnlab: error: unknown verb {verb!r}\n\n{_help()}", file=sys.stderr)
             return 2
+        check_config_files(argv)
         from attnlab.lightning_cli import AttnlabCLI
 
         AttnlabCLI(args=None if from_command_line else argv)
@@ -176,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:  # noqa: BLE001 - only user errors are caught, see below
         user_error = find_user_error(err)
+        if user_error is None and not debug:  # another rank of a distributed run died or hung
+            from attnlab.guards import describe_distributed_failure
+
+            lost = describe_distributed_failure(err)
+            if lost:
+                print(f"attnlab: error: {lost}", file=sys.stderr)
+                return 1
         if user_error is None or debug:
             raise
         print(f"attnlab: error: {user_error}", file=sys.stderr)

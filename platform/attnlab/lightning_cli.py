@@ -10,7 +10,9 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.averaging import CheckpointAveraging
+from attnlab.guards import ChildProcessReaper, NonFiniteLossGuard
 from attnlab.modules.base import FamilyModule
+from attnlab.resume import LastCheckpoint, RngStates, last_checkpoint
 from attnlab.run_logging import RunOptions, build_loggers, describe_run
 from attnlab.run_summary import RunSummary
 from data_modules.base import TokenizedDataModule
@@ -25,8 +27,12 @@ class AttnlabCLI(LightningCLI):
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [
-                ModelCheckpoint(monitor="val/nll", mode="min", save_last=True, filename="best-{epoch}-{step}"),
+                ModelCheckpoint(monitor="val/nll", mode="min", filename="best-{epoch}-{step}"),
+                LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.resume
+                RngStates(),
                 RunSummary(),
+                NonFiniteLossGuard(),
+                ChildProcessReaper(),
             ]},
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,
@@ -47,12 +53,19 @@ class AttnlabCLI(LightningCLI):
 
         (Lightning would re-parse the checkpoint's hparams as the model config, which loses the
         family's class; FamilyModule.on_load_checkpoint checks the family instead.)
+        Here the file is only checked, before anything is built or written: it must load with
+        weights_only=True, be attnlab's and hold the family the config builds.
         """
+        from attnlab.checkpoint import check_ckpt_path_arg
+
+        self._checked_ckpt = check_ckpt_path_arg(self.config)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
         """Checkpoints given with --ckpt_path load with weights_only=True unless asked otherwise:
         a checkpoint from elsewhere must not be able to run code."""
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if subcommand == "fit" and getattr(self, "_resume_from", None) is not None:
+            kwargs["ckpt_path"] = self._resume_from[0]
         if "weights_only" in self._subcommand_method_arguments[subcommand] and kwargs.get("weights_only") is None:
             kwargs["weights_only"] = True
         return kwargs
@@ -76,14 +89,79 @@ class AttnlabCLI(LightningCLI):
             return "/".join(parts[len(parts) - parts[::-1].index("experiments"):])
         return path.name
 
+    def _check_before_writing(self) -> None:
+        """Mistakes only visible once model and data exist, caught before the run folder is
+        written (config.yaml, loggers): a learned position table too short for the data, and a
+        --ckpt_path of the right family but another size, `test` of data without a test split."""
+        model, datamodule = self.model, self.datamodule
+        if self.subcommand == "test" and isinstance(datamodule, TokenizedDataModule):
+            datamodule.examples("test")  # ConfigError naming the setting that adds the split
+        if isinstance(model, FamilyModule) and datamodule is not None and model.backbone.positional == "learned":
+            model._check_position_table(datamodule)
+        checked, self._checked_ckpt = getattr(self, "_checked_ckpt", None), None
+        if isinstance(model, FamilyModule) and checked is not None:
+            model._check_checkpoint_shapes(checked[1], source=f"--ckpt_path {checked[0]}")
+
     def instantiate_trainer(self, **kwargs):
+        self._check_before_writing()
         trainer_config = self._get(self.config_init, "trainer", default={})
+        self._resume_from = self._find_resume()
         if trainer_config.get("logger") in (None, True):
             self._dump_config()
             kwargs["logger"] = build_loggers(
-                self._get(self.config_init, "run"), self._experiment_name(), config=self.config_dump
+                self._get(self.config_init, "run"), self._experiment_name(), config=self.config_dump,
+                resume=self._resume_from is not None and self._resume_from[1],
             )
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        every = self._get(self.config_init, "run").checkpoint_every_n_steps
+        for callback in trainer.callbacks:
+            if isinstance(callback, LastCheckpoint):
+                callback.set_every_n_train_steps(every)
+        if self.subcommand == "fit":
+            self._announce_run(trainer)
+        return trainer
+
+    def _run_dir(self) -> Path | None:
+        """runs/<name>/<version>, when --run.version names it (a timestamped run has none yet)."""
+        options = self._get(self.config_init, "run")
+        return Path(options.root) / self._experiment_name() / options.version if options.version else None
+
+    def _find_resume(self) -> tuple[str, bool] | None:
+        """(checkpoint to resume `fit` from, whether it continues this run folder's logs), or None.
+
+        `--run.version V` of a run folder holding checkpoints/last.ckpt resumes from it (the same
+        command resumes an interrupted run); `--ckpt_path last` means that file; another
+        --ckpt_path resumes from that file, continuing the run folder's logs if it has any.
+        """
+        if self.subcommand != "fit":
+            return None
+        ckpt_path, run_dir = self._get(self.config, "ckpt_path"), self._run_dir()
+        last = last_checkpoint(run_dir) if run_dir is not None else None
+        if ckpt_path is None or str(ckpt_path) == "last":
+            if last is None:
+                if ckpt_path is not None:
+                    self._say(f"--ckpt_path last: no {run_dir or 'runs/<name>/<version>'}/checkpoints/last.ckpt "
+                              "(name the run with --run.version): starting from scratch")
+                return None
+            self._say(f"resuming {run_dir} from {last}{_step_of(last)}")
+            return str(last), True
+        continues = run_dir is not None and (run_dir / "metrics.csv").is_file()
+        return str(ckpt_path), continues
+
+    @rank_zero_only
+    def _say(self, line: str) -> None:
+        print(line, flush=True)
+
+    @rank_zero_only
+    def _announce_run(self, trainer) -> None:
+        loggers = trainer.loggers
+        if not loggers or self._resume_from is not None:
+            return
+        if self._get(self.config_init, "run").version is None:
+            how = f"the same command plus --run.version {Path(loggers[0].log_dir).name}"
+        else:
+            how = "the same command"
+        print(f"run folder: {loggers[0].log_dir}; if interrupted, {how} resumes it", flush=True)
 
     @rank_zero_only
     def _summarise(self, stage: str) -> None:
@@ -131,6 +209,17 @@ class AttnlabCLI(LightningCLI):
         for row in rows[:3]:
             print(f"  {row['source']}\n    ref: {row['reference']}\n    out: {row['hypothesis']}")
         print(f"{len(rows)} predictions written to {out}")
+
+
+def _step_of(checkpoint: Path) -> str:
+    """' (epoch E, step S)' of a checkpoint, or '' if it cannot tell."""
+    import torch
+
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        return f" (epoch {state['epoch']}, step {state['global_step']})"
+    except Exception:  # noqa: BLE001 - only a message
+        return ""
 
 
 def _sets_model(config) -> bool:

@@ -11,11 +11,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import Logger
 
 from attnlab.errors import ConfigError
+from attnlab.resume import ResumableCSVLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_ID_FILE = "wandb_id.txt"  # in the run folder: the id a resumed run continues
 
 
 @dataclass
@@ -29,10 +31,14 @@ class RunOptions:
     project: str = "attnlab"
     group: str | None = None
     tensorboard: bool = False
+    checkpoint_every_n_steps: int = 200  # last.ckpt this often (optimizer steps) and after each validation
 
     def __post_init__(self):
         if self.wandb not in WANDB_MODES:
             raise ConfigError(f"run.wandb={self.wandb!r} is not one of {', '.join(WANDB_MODES)}")
+        if isinstance(self.checkpoint_every_n_steps, bool) or not isinstance(self.checkpoint_every_n_steps, int) \
+                or self.checkpoint_every_n_steps < 1:
+            raise ConfigError(f"run.checkpoint_every_n_steps={self.checkpoint_every_n_steps!r} must be an integer >= 1")
 
 
 def wandb_credentials_present() -> bool:
@@ -44,9 +50,18 @@ def wandb_credentials_present() -> bool:
         return False
 
 
+# What wandb itself accepts in WANDB_MODE (wandb.Settings.mode); anything else fails wandb.init.
+WANDB_ENV_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+
+
 def resolve_wandb_mode(requested: str) -> str:
     """'auto' becomes online only when credentials exist; WANDB_MODE from the environment wins."""
     env = os.environ.get("WANDB_MODE")
+    if env and env not in WANDB_ENV_MODES and requested != "disabled":
+        raise ConfigError(
+            f"WANDB_MODE={env!r} in the environment is not a wandb mode (online, offline or disabled): "
+            "unset it or fix it, or turn wandb off with --run.wandb disabled"
+        )
     if env in ("offline", "disabled", "online") and requested == "auto":
         return env
     if requested == "auto":
@@ -69,7 +84,8 @@ def run_version(options: RunOptions, name: str) -> str:
     return version
 
 
-def build_loggers(options: RunOptions, name: str, config: dict | None = None) -> list[Logger]:
+def build_loggers(options: RunOptions, name: str, config: dict | None = None, resume: bool = False) -> list[Logger]:
+    """resume: the run continues from its last.ckpt, so metrics.csv and the wandb run continue too."""
     mode = resolve_wandb_mode(options.wandb)
     if mode == "online" and not wandb_credentials_present():
         raise ConfigError(
@@ -77,31 +93,50 @@ def build_loggers(options: RunOptions, name: str, config: dict | None = None) ->
             "WANDB_API_KEY, or use --run.wandb auto (offline without credentials) / offline / disabled"
         )
     version = run_version(options, name)
-    loggers: list[Logger] = [CSVLogger(options.root, name=name, version=version)]
+    loggers: list[Logger] = [ResumableCSVLogger(options.root, name=name, version=version, resume=resume)]
     run_dir = Path(options.root) / name / version
     if options.tensorboard:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         loggers.append(TensorBoardLogger(str(run_dir), name="tensorboard", version=""))
     if mode != "disabled":
-        from lightning.pytorch.loggers import WandbLogger
+        from attnlab.wandb_fallback import FallbackWandbLogger  # offline, with one line, if online fails
 
         run_dir.mkdir(parents=True, exist_ok=True)
         loggers.append(
-            WandbLogger(
+            FallbackWandbLogger(
                 project=options.project, name=f"{name}/{version}", group=options.group,
                 save_dir=str(run_dir), offline=mode == "offline", mode=mode, config=config,
-                settings=quiet_wandb_settings(),
+                settings=quiet_wandb_settings(), **wandb_run_id(run_dir, resume),
             )
         )
     return loggers
 
 
+def wandb_run_id(run_dir: Path, resume: bool) -> dict:
+    """The run folder's wandb id (written at its first start), so a resumed run continues the same
+    wandb run. A fresh run in a reused folder gets a new id."""
+    path = run_dir / WANDB_ID_FILE
+    if resume and path.is_file() and path.read_text().strip():
+        return {"id": path.read_text().strip(), "resume": "allow"}
+    if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        return {}
+    import secrets
+    import string
+
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # wandb's id format
+    path.write_text(run_id + "\n")
+    return {"id": run_id}
+
+
 def quiet_wandb_settings():
     import wandb
 
-    # No console capture (it fights the progress bar) and never ask anything on stdin.
-    return wandb.Settings(console="off", silent=True)
+    from attnlab.wandb_fallback import init_timeout
+
+    # No console capture (it fights the progress bar) and never ask anything on stdin; an
+    # unreachable server costs init_timeout seconds (30, WANDB_INIT_TIMEOUT), then we go offline.
+    return wandb.Settings(console="off", silent=True, init_timeout=init_timeout())
 
 
 def describe_run(loggers: list[Logger]) -> list[str]:
@@ -109,11 +144,11 @@ def describe_run(loggers: list[Logger]) -> list[str]:
     lines = []
     for logger in loggers:
         kind = type(logger).__name__
-        if kind == "CSVLogger":
+        if kind.endswith("CSVLogger"):  # ResumableCSVLogger too
             lines.append(f"run folder: {logger.log_dir} (metrics.csv, config.yaml, checkpoints/)")
         elif kind == "TensorBoardLogger":
             lines.append(f"tensorboard: tensorboard --logdir {logger.log_dir}")
-        elif kind == "WandbLogger":
+        elif kind.endswith("WandbLogger"):  # FallbackWandbLogger too
             run = logger.experiment
             folder = Path(run.dir).parent if getattr(run, "dir", None) else logger.save_dir
             if getattr(run, "settings", None) is not None and run.settings.mode == "offline":

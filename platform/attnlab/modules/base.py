@@ -198,6 +198,35 @@ class FamilyModule(L.LightningModule):
                 f"{self.family}: pass the config the checkpoint was trained with"
             )
 
+    def _check_checkpoint_shapes(self, checkpoint: dict, source: str = "the checkpoint") -> None:
+        """A checkpoint of this family but another size: name the first differing weight and the
+        backbone settings that differ, instead of torch's list of every mismatched tensor.
+
+        Called by the CLI on the unwrapped model before the Trainer exists (not from
+        on_load_checkpoint, where FSDP may have sharded the model's own state dict)."""
+        saved = checkpoint.get("state_dict")
+        if not isinstance(saved, dict) or not saved:
+            return
+        own = self.state_dict()
+        missing = sorted(set(own) - set(saved))
+        unexpected = sorted(set(saved) - set(own))
+        wrong = [k for k in own if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(own[k].shape)]
+        if not (missing or unexpected or wrong):
+            return
+        theirs = (checkpoint.get("hyper_parameters") or {}).get("backbone") or {}
+        ours = asdict(self.backbone)
+        differ = ", ".join(f"backbone.{k}: checkpoint {theirs[k]!r}, config {ours[k]!r}"
+                           for k in ours if k in theirs and theirs[k] != ours[k])
+        if wrong:
+            k = wrong[0]
+            first = f"{k} has shape {tuple(saved[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the model"
+        else:
+            first = f"weights {', '.join((missing or unexpected)[:3])} are {'missing from' if missing else 'unexpected in'} the checkpoint"
+        raise ConfigError(
+            f"{source} does not fit the model the config builds ({first}"
+            + (f"; {differ}" if differ else "") + "): pass the config the checkpoint was trained with"
+        )
+
     def configure_optimizers(self):
         total = int(self.trainer.estimated_stepping_batches) if self.optim.schedule == "cosine" else 0
         return build_optimizer(self, self.optim, total, self.backbone.d_model)

@@ -37,7 +37,11 @@ class EvalMetrics(nn.Module):
         self.bleu_lc = SacreBLEUScore(tokenize="13a", lowercase=True)  # secondary, as older papers report
         self.chrf = CHRFScore(n_word_order=0)
         self.exact_match = ExactMatch()
-        for name in ("loss_sum", "nll_sum", "tokens", "gen_tokens", "gen_seconds"):
+        # A NaN loss must surface as val/nll = nan (never selected as best): torchmetrics' default
+        # drops NaN values with a warning, which turned a diverged model into val/nll = 0.
+        for name in ("loss_sum", "nll_sum"):
+            setattr(self, name, SumMetric(nan_strategy="disable"))
+        for name in ("tokens", "gen_tokens", "gen_seconds"):
             setattr(self, name, SumMetric())
         self.generated = False
 

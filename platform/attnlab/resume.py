@@ -1,0 +1,177 @@
+"""Resuming a run: last.ckpt written during the epoch, RNG states in it, and a CSV log that continues.
+
+A run killed at any point (SIGKILL included) and started again with the same command and
+`--run.version` continues from `checkpoints/last.ckpt` exactly as if it had not stopped:
+
+- `LastCheckpoint` writes last.ckpt every `run.checkpoint_every_n_steps` optimizer steps and after
+  every validation (Lightning's saves are atomic: a kill while writing leaves the previous file).
+- Lightning restores weights, optimizer, LR schedule and loop progress; `RngStates` restores the
+  global torch / python / numpy RNGs (dropout, block-diffusion noise) at the first batch after it.
+- The training batch order is fixed by (seed, epoch) and the data module skips the batches of the
+  interrupted epoch that were already trained (`TokenizedDataModule.state_dict`).
+- `ResumableCSVLogger` keeps the run's metrics.csv and drops the rows that the resumed run logs
+  again (those written after the checkpoint), so every step appears exactly once.
+"""
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities import rank_zero_only
+
+DEFAULT_CHECKPOINT_EVERY_N_STEPS = 200
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Only `last.ckpt`: every `every_n_train_steps` optimizer steps (mid-epoch, so a killed run loses
+    at most that many steps) and after each validation. The best-by-val/nll checkpoint is another
+    ModelCheckpoint; only this one writes last.ckpt."""
+
+    def __init__(self, every_n_train_steps: int = DEFAULT_CHECKPOINT_EVERY_N_STEPS):
+        super().__init__(save_top_k=0, save_last=True, every_n_train_steps=every_n_train_steps)
+
+    def set_every_n_train_steps(self, n: int) -> None:
+        self._every_n_train_steps = n
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        # A user's own ModelCheckpoint(save_last=True) (--trainer.callbacks+=...) owns last.ckpt:
+        # two writers would make Lightning version the name (last-v1.ckpt).
+        if any(c is not self and c.save_last for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)):
+            self.save_last = False
+
+    # After a validation, also at the step last.ckpt was just written: the file then holds the
+    # finished validation and the best checkpoint's updated record, so a resume repeats neither.
+    # Where ModelCheckpoint saves (train epoch end when validation runs once per epoch, else
+    # validation end), and after it: this callback comes later in trainer.callbacks.
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_after_validation(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_after_validation(trainer)
+
+    def _save_last_after_validation(self, trainer) -> None:
+        if trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class RngStates(Callback):
+    """Saves the global RNG states in every checkpoint; restores them at the first training batch
+    after a resume (so whatever ran in between, e.g. building loaders, does not matter).
+
+    Stored as tensors and plain tuples only, so checkpoints still load with weights_only=True.
+    """
+
+    def __init__(self):
+        self._pending: dict | None = None
+
+    def state_dict(self) -> dict:
+        state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        try:
+            import numpy as np
+
+            kind, keys, pos, has_gauss, gauss = np.random.get_state()
+            state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+        except ImportError:
+            pass
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending = dict(state_dict)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        state, self._pending = self._pending, None
+        if not state:
+            return
+        torch.set_rng_state(state["torch"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        if "numpy" in state:
+            import numpy as np
+
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class _ContinuingWriter(ExperimentWriter):
+    """An ExperimentWriter that keeps an existing metrics.csv (Lightning's deletes it).
+
+    At the first write, rows the resumed run is about to log again are dropped: rows at a later
+    step than the first new row, and rows at the same step that share a metric with it (a
+    validation repeated after the resume). Everything before is kept.
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        path = Path(log_dir) / self.NAME_METRICS_FILE
+        self._kept: list[dict] | None = None
+        header: list[str] = []
+        if path.is_file():
+            with path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                self._kept = list(reader)
+                header = list(reader.fieldnames or [])
+        super().__init__(log_dir)
+        self.metrics_keys = sorted(header)
+        self._pending_trim = self._kept is not None
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning's deletes metrics.csv and warns: here the file is continued."""
+
+    def save(self) -> None:
+        if self._pending_trim and self.metrics:
+            self._pending_trim = False
+            first = self.metrics[0]
+            step = int(first["step"])
+            keys = set(first) - {"step", "epoch"}
+
+            def kept(row: dict) -> bool:
+                if row.get("step") in (None, ""):
+                    return True
+                row_step = int(float(row["step"]))
+                if row_step > step:
+                    return False
+                if row_step == step:
+                    return not (keys & {k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")})
+                return True
+
+            rows = [r for r in (self._kept or []) if kept(r)]
+            self._record_new_keys()
+            with open(self.metrics_file_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(rows)
+            self._kept = None
+        super().save()
+
+
+class ResumableCSVLogger(CSVLogger):
+    """CSVLogger that, with `resume=True`, continues the run folder's metrics.csv (see _ContinuingWriter)."""
+
+    def __init__(self, *args, resume: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._resume = resume
+
+    @property
+    def experiment(self):
+        if self._experiment is None and self._resume and rank_zero_only.rank == 0:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
+        return super().experiment
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    """The run folder's checkpoints/last.ckpt, if a run there wrote one."""
+    path = Path(run_dir) / "checkpoints" / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+    return path if path.is_file() else None

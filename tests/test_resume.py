@@ -1,0 +1,184 @@
+"""Resume: a CPU run killed with SIGKILL mid-epoch and started again continues exactly.
+
+The killed run and its resume use the same command line; only the first process is wrapped
+(python -c) so it SIGKILLs itself at a fixed step, which makes "mid-epoch" deterministic. The
+resumed run must reach the uninterrupted run's metrics (to 1e-6) with the same logged steps in
+metrics.csv, each exactly once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+import torch
+
+from conftest import debug_fit_args, read_metrics, run_process
+
+# 64 pairs / batch 8 = 8 steps per epoch, 2 epochs; dropout on, so the RNG state matters too.
+# last.ckpt every 2 steps: killed when global step 5 starts, the checkpoint is step 4 (mid-epoch 0)
+# and the row of step 4 was logged after it (the resumed run must drop it and log it again).
+# Killed at step 9: the checkpoint is the one written at the end of epoch 0, after validation.
+RESUME_ARGS = [
+    "--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
+    "--model.init_args.backbone.dropout", "0.1", "--run.checkpoint_every_n_steps", "2",
+]
+STEPS_PER_EPOCH = 8
+
+KILLER = """
+import os, signal, sys
+from attnlab.modules.base import FamilyModule
+original = FamilyModule.on_train_batch_start
+def on_train_batch_start(self, batch, batch_idx):
+    if self.trainer.global_step == {step}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, batch, batch_idx)
+FamilyModule.on_train_batch_start = on_train_batch_start
+from attnlab.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _args(root, version, *extra):
+    return debug_fit_args(root, *RESUME_ARGS, *extra, version=version)
+
+
+def _run_killed(args, cwd, step):
+    """`attnlab ARGS` in a process that SIGKILLs itself when global step `step` starts."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-c", KILLER.format(step=step), *[str(a) for a in args]],
+        cwd=cwd, env=dict(os.environ), timeout=180, capture_output=True, text=True, errors="replace",
+    )
+
+
+def _steps(run_dir, key):
+    """(step, value) of every metrics.csv row that holds `key`, in row order."""
+    import csv
+
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [(int(row["step"]), float(row[key])) for row in csv.DictReader(f) if row.get(key)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume_full")
+    proc = run_process(_args(root, "full"), cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "debug" / "full"
+
+
+def _assert_same_run(resumed, full):
+    for key in ("train/loss", "val/nll", "val/loss"):
+        got, want = _steps(resumed, key), _steps(full, key)
+        assert [s for s, _ in got] == [s for s, _ in want], f"{key}: logged steps differ"
+        assert len({s for s, _ in got}) == len(got), f"{key}: a step is logged twice"
+        for (step, a), (_, b) in zip(got, want):
+            assert a == pytest.approx(b, abs=1e-6, rel=0), f"{key} at step {step}: {a} vs {b}"
+    assert [s for s, _ in _steps(full, "train/loss")] == list(range(2 * STEPS_PER_EPOCH))
+    # every column's rows line up (epoch, step, ...): the whole CSV but the timing column
+    got, want = read_metrics(resumed), read_metrics(full)
+    assert sorted(got) == sorted(want)
+    for key in ("epoch", "step"):
+        assert got[key] == want[key]
+    # the best checkpoint's record survived the resume: the same files, none orphaned
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == sorted(
+        p.name for p in (full / "checkpoints").iterdir())
+
+
+def _kill(root, args, step=5):
+    killed = _run_killed(args, root, step)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    run_dir = root / "debug" / "cut"
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert state["global_step"] == step - 1 and state["epoch"] == 0
+    logged = [s for s, _ in _steps(run_dir, "train/loss")]
+    assert logged == list(range(step)), logged  # includes the row logged after the checkpoint
+    return run_dir
+
+
+@pytest.mark.parametrize("kill_at", [5, 9], ids=["mid-epoch", "after-epoch-end"])
+def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(tmp_path, uninterrupted, kill_at):
+    args = _args(tmp_path, "cut")
+    run_dir = _kill(tmp_path, args, kill_at)
+    resumed = run_process(args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming " in resumed.stdout and f"last.ckpt (epoch 0, step {kill_at - 1})" in resumed.stdout
+    assert "not resumable" not in resumed.stderr  # Lightning's warning: ours is resumable
+    _assert_same_run(run_dir, uninterrupted)
+
+
+def test_ckpt_path_last_resumes_and_continues_the_wandb_run(tmp_path, uninterrupted):
+    args = _args(tmp_path, "cut", "--run.wandb", "offline")
+    run_dir = _kill(tmp_path, args)
+    resumed = run_process([*args, "--ckpt_path", "last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(run_dir, uninterrupted)
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(f"-{run_id}") for p in offline), offline
+
+
+def test_a_new_run_says_how_to_resume(tmp_path):
+    args = debug_fit_args(tmp_path)
+    at = args.index("--run.version")
+    del args[at : at + 2]  # a timestamped run
+    proc = run_process(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if "if interrupted" in l)
+    version = next((tmp_path / "debug").iterdir()).name
+    assert f"--run.version {version}" in line
+
+
+def test_samplers_repeat_an_epoch_and_skip_what_was_trained():
+    from data_modules.batching import EpochRandomSampler, TokenBudgetBatchSampler
+
+    torch.manual_seed(123)
+    sampler = EpochRandomSampler(range(20), seed=3)
+    sampler.set_epoch(1)
+    epoch_1 = list(sampler)
+    torch.manual_seed(456)  # the global RNG plays no part
+    assert list(sampler) == epoch_1 and sorted(epoch_1) == list(range(20))
+    sampler.set_epoch(2)
+    assert list(sampler) != epoch_1
+    resumed = EpochRandomSampler(range(20), seed=3)
+    resumed.resume_at(1, 8)
+    assert len(resumed) == 20 and list(resumed) == epoch_1[8:]
+    assert list(resumed) == epoch_1  # the skip applies once
+
+    budget = TokenBudgetBatchSampler([5, 9, 3, 7, 2, 8, 6, 4] * 4, max_tokens=30, seed=1)
+    budget.set_epoch(1)
+    batches = list(budget)
+    again = TokenBudgetBatchSampler([5, 9, 3, 7, 2, 8, 6, 4] * 4, max_tokens=30, seed=1)
+    again.resume_at(1, 2)
+    assert list(again) == batches[2:] and len(again) == len(batches)
+    again.set_epoch(2)
+    assert list(again) != batches
+
+
+def test_continued_csv_drops_only_the_rows_logged_again(tmp_path):
+    """A resume that repeats a validation at the checkpoint's step drops the old validation row at
+    that step (not the step's training row) and every later row; the header is kept."""
+    import csv
+
+    from attnlab.resume import ResumableCSVLogger
+
+    run = tmp_path / "debug" / "v"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/nll\n0,2,1.5,\n0,3,1.25,\n0,3,,2.0\n1,4,1.0,\n"
+    )
+    logger = ResumableCSVLogger(str(tmp_path), name="debug", version="v", resume=True)
+    logger.log_metrics({"val/nll": 1.75, "epoch": 0}, step=3)
+    logger.log_metrics({"train/loss": 0.5, "epoch": 1}, step=4)
+    logger.save()
+    with (run / "metrics.csv").open(newline="") as f:
+        rows = [(r["step"], r["train/loss"], r["val/nll"]) for r in csv.DictReader(f)]
+    assert rows == [("2", "1.5", ""), ("3", "1.25", ""), ("3", "", "1.75"), ("4", "0.5", "")]
+
+    fresh = ResumableCSVLogger(str(tmp_path), name="debug", version="v")  # not resuming: a new file
+    fresh.log_metrics({"train/loss": 9.0}, step=0)
+    fresh.save()
+    assert (run / "metrics.csv").read_text().splitlines()[1:] == ["0,9.0"]
