@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -73,6 +74,27 @@ def test_rerun_skips_finished_points(sweep_run):
     assert second.stdout.count("finished before, skipped") == 2
     assert "[sweep] n_heads=1: fit" not in second.stdout
     assert not (sweep_dir / ".incomplete").exists()
+
+
+def test_a_point_interrupted_after_its_fit_resumes_instead_of_starting_over(sweep_run):
+    """No done.json but a last.ckpt: the rerun resumes the fit (same --run.version, so the run
+    folder and its metrics stay, no step repeated) and redoes the evaluation."""
+    sweep_dir, _, _ = sweep_run
+    point = sweep_dir / "n_heads=2"
+    metrics_before = (point / "fit" / "metrics.csv").read_text()
+    (point / "done.json").unlink()
+    folder = sweep_dir.parent.parent
+    args = ["sweep", folder / "heads.yaml", "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA,
+            "--run.wandb", "disabled"]
+    rerun = run_process(args, cwd=folder, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "n_heads=2: resuming the unfinished earlier attempt" in rerun.stdout
+    assert re.search(r"resuming \S+ from \S+last\.ckpt \(epoch", rerun.stdout + rerun.stderr)  # the fit itself
+    assert "n_heads=1: finished before, skipped" in rerun.stdout
+    assert not (sweep_dir / ".incomplete").exists()
+    assert (point / "done.json").is_file()
+    assert (point / "fit" / "metrics.csv").read_text() == metrics_before  # nothing retrained or repeated
+    assert "test/exact_match" in (point / "test" / "metrics.csv").read_text()
 
 
 def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):

@@ -6,7 +6,8 @@ layout is fixed so a rerun can tell what is done:
 
     runs/<sweep>/<point>/fit/        metrics.csv, config.yaml, summary.json, checkpoints/
     runs/<sweep>/<point>/test/       the test of the best checkpoint (one folder per evaluation)
-    runs/<sweep>/<point>/done.json   written last; a rerun skips points that have it
+    runs/<sweep>/<point>/done.json   written last; a rerun skips points that have it, resumes a
+                                     fit that left a last.ckpt, and sets other unfinished points aside
 """
 from __future__ import annotations
 
@@ -115,10 +116,14 @@ class SweepRunner:
 
     def run_point(self, point: SweepPoint, device: str | None) -> bool:
         folder = self.point_dir(point)
-        parked = set_aside(folder)
-        if parked:
-            print(f"[sweep] {point.name}: an unfinished earlier attempt was moved to {parked}")
-        folder.mkdir(parents=True)
+        last = folder / "fit" / "checkpoints" / "last.ckpt"
+        if last.is_file():  # the fit command (same --run.version) resumes from it; evaluations rerun
+            print(f"[sweep] {point.name}: resuming the unfinished earlier attempt from {last}")
+        else:
+            parked = set_aside(folder)
+            if parked:
+                print(f"[sweep] {point.name}: an unfinished earlier attempt was moved to {parked}")
+        folder.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
