@@ -173,6 +173,18 @@ def debug_fit_args(root: Path, *extra, version: str = "v1") -> list[str]:
             "--run.wandb", "disabled", *FAST_TRAINER, *DEBUG_DATA, *extra]
 
 
+def assert_trained_on_a_noise_candidate(run_dir: Path, candidates) -> None:
+    """BlockDiffusion's noise search logged one of the candidate ranges and saved it as the range
+    it trains on (the `train_noise` buffer of last.ckpt)."""
+    import torch
+
+    metrics = read_metrics(run_dir)
+    chosen = [metrics["val/noise_low"][-1], metrics["val/noise_high"][-1]]
+    assert chosen in [pytest.approx(c) for c in candidates]
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert state["train_noise"].tolist() == pytest.approx(chosen)
+
+
 def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     """Every non-empty value of each column of a run's metrics.csv, in row order."""
     import csv

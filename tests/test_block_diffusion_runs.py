@@ -1,8 +1,7 @@
 """BlockDiffusion end to end through `attnlab`: metric keys, noise-range search, checkpoints, generate."""
 import pytest
-import torch
 
-from conftest import EXPERIMENTS, FAST_TRAINER, read_metrics
+from conftest import EXPERIMENTS, FAST_TRAINER, assert_trained_on_a_noise_candidate, read_metrics
 
 CANDIDATES = [[0.001, 1.0], [0.5, 1.0], [0.2, 0.6]]
 
@@ -33,12 +32,7 @@ def test_fit_logs_the_common_metric_keys(bd_run):
 
 
 def test_noise_search_trains_on_the_lowest_variance_candidate(bd_run):
-    _, run_dir = bd_run
-    metrics = read_metrics(run_dir)
-    chosen = [metrics["val/noise_low"][-1], metrics["val/noise_high"][-1]]
-    assert chosen in [pytest.approx(c) for c in CANDIDATES]
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert state["train_noise"].tolist() == pytest.approx(chosen)
+    assert_trained_on_a_noise_candidate(bd_run[1], CANDIDATES)
 
 
 def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, read_metrics, run_process
+from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, assert_trained_on_a_noise_candidate, read_metrics, run_process
 
 CPU = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
        "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"]
@@ -86,9 +86,6 @@ def test_only_rank_zero_writes(single_and_ddp):
 def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
     """The search's statistics are summed over ranks (a collective every rank must join) before
     a candidate is chosen: the run completes, and the chosen range is logged and trained on."""
-    import torch
-
-    from conftest import EXPERIMENTS
 
     candidates = [[0.2, 0.8], [0.5, 1.0]]
     args = ["fit", "--config", EXPERIMENTS / "block_diffusion.yaml", "--run.root", tmp_path, "--run.version", "bd",
@@ -99,12 +96,7 @@ def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
             "--model.init_args.noise_search", str(candidates)]
     result = run_process(args, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "block_diffusion" / "bd"
-    metrics = read_metrics(run)
-    chosen = [metrics["val/noise_low"][-1], metrics["val/noise_high"][-1]]
-    assert chosen in [pytest.approx(c) for c in candidates]
-    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert state["train_noise"].tolist() == pytest.approx(chosen)
+    assert_trained_on_a_noise_candidate(tmp_path / "block_diffusion" / "bd", candidates)
 
 
 def test_fsdp_trains_like_ddp_and_writes_an_ordinary_checkpoint(single_and_ddp, tmp_path):
