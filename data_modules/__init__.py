@@ -2,6 +2,7 @@
 from data_modules.batch import Example, SpecialIds, collate
 from data_modules.tokenizer import Tokenizer, train_tokenizer
 from data_modules.base import TokenizedDataModule
+from data_modules.grammar.task import GrammarDataModule
 from data_modules.number_words import NumberWordsDataModule
 from data_modules.parallel import Multi30kDataModule, ParallelTextDataModule
 from data_modules.sequence_tasks import SequenceTaskDataModule
@@ -9,6 +10,6 @@ from data_modules.text import TextDataModule
 
 __all__ = [
     "SpecialIds", "Example", "collate", "Tokenizer", "train_tokenizer", "TokenizedDataModule",
-    "NumberWordsDataModule", "ParallelTextDataModule", "Multi30kDataModule", "TextDataModule",
+    "GrammarDataModule", "NumberWordsDataModule", "ParallelTextDataModule", "Multi30kDataModule", "TextDataModule",
     "SequenceTaskDataModule",
 ]

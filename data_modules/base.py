@@ -17,14 +17,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
-from data_modules.batch import Example, SpecialIds, collate
-from data_modules.batching import EpochRandomSampler, TokenBudgetBatchSampler
+from data_modules.batch import Example, IndexedExamples, SpecialIds, collate, collate_indexed
+from data_modules.batching import EpochRandomSampler, EvenShareSampler, TokenBudgetBatchSampler
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
 
 Pairs = list[tuple[str, str]]
 
 
-def _check_positive(name: str, value, minimum: int = 1) -> None:
+def check_positive(name: str, value, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"data.init_args.{name} = {value!r}: must be an integer >= {minimum}")
 
@@ -52,11 +52,11 @@ class TokenizedDataModule(L.LightningDataModule):
         # No save_hyperparameters(): the requested vocab_size would clash with the model's real
         # one when Lightning merges data and model hparams for the logger.
         check_tokenizer_args(vocab_size, tokenizer_type)
-        _check_positive("batch_size", batch_size)
-        _check_positive("eval_batch_size", eval_batch_size)
-        _check_positive("num_workers", num_workers, minimum=0)
+        check_positive("batch_size", batch_size)
+        check_positive("eval_batch_size", eval_batch_size)
+        check_positive("num_workers", num_workers, minimum=0)
         if max_eval_examples is not None:
-            _check_positive("max_eval_examples", max_eval_examples)
+            check_positive("max_eval_examples", max_eval_examples)
         self.requested_vocab_size = vocab_size
         self.tokenizer_type = tokenizer_type
         self.batch_size = batch_size
@@ -65,7 +65,7 @@ class TokenizedDataModule(L.LightningDataModule):
         self.cache_dir = cache_dir
         self.max_eval_examples = max_eval_examples
         if max_tokens is not None:
-            _check_positive("max_tokens", max_tokens)
+            check_positive("max_tokens", max_tokens)
         self.max_tokens = max_tokens
         self._tokenizer: Tokenizer | None = None
         self._examples: dict[str, list[Example]] | None = None
@@ -177,20 +177,36 @@ class TokenizedDataModule(L.LightningDataModule):
             return DataLoader(examples, batch_sampler=sampler, num_workers=self.num_workers, generator=generator,
                               persistent_workers=self.num_workers > 0, collate_fn=collate_fn)
         examples = self.examples(split)
-        sampler = None
-        if shuffle:
-            # Order fixed by (seed, epoch), not by the global RNG, so a resumed epoch repeats it.
-            sampler = EpochRandomSampler(examples, seed=seed)
-            if resume:
-                sampler.resume_at(resume[0], resume[1] * self.batch_size)
+        if not shuffle:
+            return self._eval_loader(examples, generator)
+        # Order fixed by (seed, epoch), not by the global RNG, so a resumed epoch repeats it.
+        sampler = EpochRandomSampler(examples, seed=seed)
+        if resume:
+            sampler.resume_at(resume[0], resume[1] * self.batch_size)
         return DataLoader(
             examples,
-            batch_size=self.batch_size if shuffle else self.eval_batch_size,
+            batch_size=self.batch_size,
             sampler=sampler,
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=collate_fn,
+            generator=generator,
+        )
+
+    def _eval_loader(self, examples: list[Example], generator: torch.Generator) -> DataLoader:
+        """In split order, with each example's index; shared exactly between distributed ranks."""
+        dataset = IndexedExamples(examples)
+        sampler = None
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            sampler = EvenShareSampler(dataset, torch.distributed.get_world_size(), torch.distributed.get_rank())
+        return DataLoader(
+            dataset,
+            batch_size=self.eval_batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=functools.partial(collate_indexed, pad_id=self.special_ids.pad),
             generator=generator,
         )
 

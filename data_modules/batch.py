@@ -8,6 +8,11 @@ A batch is a dict:
   source_text     list[str]: the original source strings (for printing examples)
   target_text     list[str]: the original reference strings (for BLEU / chrF / exact match)
 
+Evaluation batches (val / test / predict) also carry:
+  index           LongTensor (B,): each example's position in its split
+  counted         BoolTensor (B,): False for the repeats a distributed sampler adds so every rank
+                  gets as many batches; metrics and saved examples skip them
+
 Pieces carry no bos / eos / sep: each family frames them its own way.
 """
 from __future__ import annotations
@@ -58,3 +63,25 @@ def collate(examples: list[Example], pad_id: int) -> dict:
         "source_text": [e.source_text for e in examples],
         "target_text": [e.target_text for e in examples],
     }
+
+
+class IndexedExamples:
+    """A split for evaluation: item i is (i mod n, i < n, example), so a sampler may ask for
+    i >= n to pad a rank's share with a repeat that is marked as not counted."""
+
+    def __init__(self, examples: list[Example]):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> tuple[int, bool, Example]:
+        n = len(self.examples)
+        return i % n, i < n, self.examples[i % n]
+
+
+def collate_indexed(items: list[tuple[int, bool, Example]], pad_id: int) -> dict:
+    batch = collate([example for _, _, example in items], pad_id)
+    batch["index"] = torch.tensor([i for i, _, _ in items], dtype=torch.long)
+    batch["counted"] = torch.tensor([counted for _, counted, _ in items], dtype=torch.bool)
+    return batch

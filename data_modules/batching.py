@@ -2,6 +2,7 @@
 
 Examples of similar length share a batch, so little is spent on padding; the order of the
 batches is shuffled every epoch. Under DDP each rank takes every world_size-th batch.
+Evaluation splits are shared between ranks so that every example is counted exactly once.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 
 
 class EpochRandomSampler(RandomSampler):
@@ -91,3 +92,17 @@ class TokenBudgetBatchSampler:
 
     def __len__(self) -> int:
         return len(self._rank_batches())
+
+
+class EvenShareSampler(DistributedSampler):
+    """Rank r of W evaluates examples r, r + W, r + 2W, ...; where W does not divide the split,
+    the ranks that run out first get index >= n, which `IndexedExamples` turns into a repeat
+    marked as not counted. Every rank runs as many batches (collectives stay in step: FSDP gathers
+    per step) and the metrics count each example once. A DistributedSampler, so Lightning keeps
+    it instead of its own, which pads by repeating examples that are then counted twice."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, self.total_size, self.num_replicas))

@@ -448,6 +448,53 @@ def sweep_missing_base(env):
 
 
 @case
+def sweep_seeds_repeated(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nseeds: [0, 1, 0]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "seeds", "more than once", "distinct"]
+
+
+@case
+def sweep_seeds_not_integers(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nseeds: [0, one]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "seeds", "distinct integers"]
+
+
+@case
+def sweep_seeds_flag_zero(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs", "--seeds", "0"], ["--seeds 0", "at least 1"]
+
+
+@case
+def sweep_monitor_never_logged(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs", "--run.monitor", "val/blue"], ["run.monitor='val/blue'",
+                                                                                        "never logged", "val/bleu"]
+
+
+@case
+def sweep_patience_below_one(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nfixed:\n  run.patience: 0\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], ["run.patience=0", ">= 1"]
+
+
+@case
+def sweep_evaluate_unknown_checkpoint(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nevaluate:\n  test: {checkpoint: newest}\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "evaluate.test.checkpoint='newest'", "best, last, averaged"]
+
+
+@case
+def fit_monitor_never_logged(env):
+    return env.fit("--run.monitor", "val/blue"), ["run.monitor='val/blue'", "never logged", "val/bleu"]
+
+
+@case
+def fit_patience_below_one(env):
+    return env.fit("--run.patience", "0"), ["run.patience=0", ">= 1"]
+
+
+@case
 def bench_set_unknown_field(env):
     return ["bench", "--no-hf", "--device", "cpu", "--set", "heads=3", "--output", env.tmp / "bench.json"], [
         "--set heads=3", "n_heads"]

@@ -26,8 +26,8 @@ def counted_training_flops(module, batch) -> int:
     """Matmul FLOPs of one forward + backward of the family's loss, as torch counts them."""
     module.train()
     with FlopCounterMode(display=False) as counter:
-        loss_sum, _, n_targets, _ = module.loss_terms(batch)
-        (loss_sum / n_targets).backward()
+        terms = module.loss_terms(batch)
+        (terms.loss.sum() / terms.targets.sum()).backward()
     return counter.get_total_flops()
 
 

@@ -1,7 +1,7 @@
 """BlockDiffusion end to end through `attnlab`: metric keys, noise-range search, checkpoints, generate."""
 import pytest
 
-from conftest import EXPERIMENTS, FAST_TRAINER, assert_trained_on_a_noise_candidate, read_metrics
+from conftest import EXPERIMENTS, FAST_TRAINER, assert_trained_on_the_lowest_variance_candidate, read_metrics
 
 CANDIDATES = [[0.001, 1.0], [0.5, 1.0], [0.2, 0.6]]
 
@@ -12,7 +12,7 @@ def bd_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bd_runs")
     result = run_main([
-        "fit", "--config", EXPERIMENTS / "block_diffusion.yaml", "--run.root", root, "--run.version", "tiny",
+        "fit", "--config", EXPERIMENTS / "number_words" / "block_diffusion.yaml", "--run.root", root, "--run.version", "tiny",
         *FAST_TRAINER, "--run.wandb", "disabled", "--trainer.max_steps", "4", "--data.init_args.batch_size", "16",
         "--model.init_args.backbone.d_model", "32", "--model.init_args.backbone.n_layers", "1",
         "--model.init_args.backbone.d_ff", "64", "--model.init_args.noise_search", str(CANDIDATES),
@@ -20,7 +20,7 @@ def bd_run(tmp_path_factory):
         "--data.init_args.vocab_size", "300", "--data.init_args.max_eval_examples", "8",
     ], cwd=root)
     assert result.code == 0, result.err[-3000:]
-    return result, root / "block_diffusion" / "tiny"
+    return result, root / "number_words" / "block_diffusion" / "tiny"
 
 
 def test_fit_logs_the_common_metric_keys(bd_run):
@@ -32,7 +32,7 @@ def test_fit_logs_the_common_metric_keys(bd_run):
 
 
 def test_noise_search_trains_on_the_lowest_variance_candidate(bd_run):
-    assert_trained_on_a_noise_candidate(bd_run[1], CANDIDATES)
+    assert_trained_on_the_lowest_variance_candidate(bd_run[1], CANDIDATES)
 
 
 def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):

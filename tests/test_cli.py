@@ -66,10 +66,11 @@ def test_console_script_is_installed(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """experiments/debug.yaml for one epoch (two steps), which ends with generation on val."""
+    """experiments/debug.yaml for one epoch (two steps), which ends with generation on val; the
+    model is conftest.Oracle (a DecoderOnly whose generations are right on every second example)."""
     root = tmp_path_factory.mktemp("cli_runs")
     os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    result = run_main(debug_fit_args(root, version="trained"), cwd=root)
+    result = run_main(debug_fit_args(root, "--model.class_path", "conftest.Oracle", version="trained"), cwd=root)
     os.environ.pop("ATTNLAB_RUN_VERSION", None)
     assert result.code == 0, result.err[-3000:]
     run_dir = root / "debug" / "trained"
@@ -105,11 +106,14 @@ def test_fit_summary_prints_examples_and_final_metrics(trained):
     assert len(refs) == len(outs) == 3  # num_examples defaults to 3
     # A reference is a German number word: lower-case letters only, no spaces.
     assert all(re.fullmatch(r"[a-zäöüß]+", ref) for ref in refs), refs
+    outs = re.findall(r"^\s+out: (.*)$", examples, re.M)
+    assert outs[0] == refs[0] and outs[1] == "" and outs[2] == refs[2]  # the oracle: right on even indices
 
     metrics = dict(re.findall(r"^\s+(\w+/\w+)\s+(-?[\d.]+|nan|inf)$", out.split("final fit metrics:", 1)[1], re.M))
     for key in ("train/loss", "val/loss", "val/nll", "val/ppl", "val/exact_match", "val/bleu", "val/chrf"):
         assert key in metrics, f"{key} missing from the fit summary"
-    assert 0.0 <= float(metrics["val/exact_match"]) <= 1.0
+    # 8 validation pairs, the oracle right on indices 0, 2, 4, 6: exact match is a percentage.
+    assert float(metrics["val/exact_match"]) == pytest.approx(50.0)
     best = re.search(r"^best checkpoint: (.+)$", out, re.M)
     assert best and Path(best.group(1)).is_file()
     assert f"run folder: {run_dir}" in out
@@ -251,11 +255,28 @@ EVAL_ARGS = ["--config", DEBUG_YAML, "--run.wandb", "disabled", *FAST_TRAINER, *
 
 @pytest.mark.parametrize("verb,prefix", [("validate", "val"), ("test", "test")])
 def test_evaluate_a_checkpoint(cli, tmp_path, ckpt, verb, prefix):
+    """The printed metrics and the per-example values saved beside them (examples.jsonl) agree:
+    nll per token, bits per UTF-8 byte of the references, exact match in percent."""
+    import math
+
+    from attnlab.per_example import read_examples
+
     result = cli(verb, *EVAL_ARGS, "--run.root", tmp_path, "--run.version", "eval", "--ckpt_path", ckpt)
     assert result.code == 0, result.err[-3000:]
     assert f"final {verb} metrics:" in result.out
-    for key in ("loss", "nll", "ppl", "exact_match", "bleu", "chrf"):
-        assert re.search(rf"^\s+{prefix}/{key}\s+-?[\d.]+$", result.out, re.M), f"{prefix}/{key} not printed"
+    printed = dict(re.findall(rf"^\s+{prefix}/(\w+)\s+(-?[\d.]+)$", result.out, re.M))
+    for key in ("loss", "nll", "ppl", "bpb", "exact_match", "bleu", "chrf"):
+        assert key in printed, f"{prefix}/{key} not printed"
+    examples = read_examples(tmp_path / "debug" / "eval")
+    assert [e["index"] for e in examples] == list(range(8))
+    assert all(e["bytes"] == len(e["reference"].encode("utf-8")) for e in examples)
+    assert all(e["exact"] == (e["hypothesis"].strip() == e["reference"].strip()) for e in examples)
+    assert all(e["bits"] == pytest.approx(e["nll"] / math.log(2)) for e in examples)
+    nll = sum(e["nll"] for e in examples) / sum(e["tokens"] for e in examples)
+    bpb = sum(e["bits"] for e in examples) / sum(e["bytes"] for e in examples)
+    assert float(printed["nll"]) == pytest.approx(nll, abs=1e-4)
+    assert float(printed["bpb"]) == pytest.approx(bpb, abs=1e-4)
+    assert float(printed["exact_match"]) == pytest.approx(100 * sum(e["exact"] for e in examples) / len(examples), abs=1e-4)
 
 
 def test_predict_a_checkpoint(cli, tmp_path, ckpt):

@@ -27,10 +27,15 @@ def _isolated_cache(cache_dir, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(cache_dir))
 
 
-def check_batch(batch: dict, examples: list[Example], tokenizer, exact_text: bool = True) -> None:
-    """A batch follows the schema of data_modules/batch.py and matches its examples."""
-    assert set(batch) == {"source", "source_lengths", "target", "target_lengths", "source_text", "target_text"}
+def check_batch(batch: dict, examples: list[Example], tokenizer, exact_text: bool = True, start: int | None = None) -> None:
+    """A batch follows the schema of data_modules/batch.py and matches its examples; an evaluation
+    batch (`start`: the split position of its first example) also carries index and counted."""
+    keys = {"source", "source_lengths", "target", "target_lengths", "source_text", "target_text"}
+    assert set(batch) == (keys if start is None else keys | {"index", "counted"})
     n = len(examples)
+    if start is not None:  # one process: split order, every row counted
+        assert batch["index"].tolist() == list(range(start, start + n))
+        assert batch["counted"].dtype == torch.bool and batch["counted"].all()
     for side in ("source", "target"):
         ids, lengths = batch[side], batch[f"{side}_lengths"]
         assert ids.dtype == lengths.dtype == torch.long
@@ -113,7 +118,7 @@ def test_number_words_defaults_give_20k_distinct_pairs_and_a_working_tokenizer()
     assert len({(e.source_text, e.target_text) for e in train}) == len(train) == 20000
     assert [len(dm.examples(s)) for s in ("val", "test")] == [1000, 1000]
     assert 6 + 256 < dm.vocab_size <= 400 == dm.requested_vocab_size
-    check_batch(next(iter(dm.val_dataloader())), dm.examples("val")[:256], dm.tokenizer)
+    check_batch(next(iter(dm.val_dataloader())), dm.examples("val")[:256], dm.tokenizer, start=0)
 
 
 @pytest.mark.parametrize(
@@ -150,7 +155,8 @@ def test_loaders_follow_the_schema_and_drop_nothing(small):
     check_batch(train[0], [by_text[t] for t in train[0]["target_text"]], small.tokenizer)
     val = list(small.val_dataloader())
     assert [len(b["target_text"]) for b in val] == [40, 10]  # max_eval_examples caps val ...
-    check_batch(val[0], small.examples("val")[:40], small.tokenizer)
+    check_batch(val[0], small.examples("val")[:40], small.tokenizer, start=0)
+    check_batch(val[1], small.examples("val")[40:], small.tokenizer, start=40)
     assert len(small.examples("test")) == 50  # ... and test, but not train
     assert list(small.predict_dataloader())[0]["target_text"] == [e.target_text for e in small.examples("test")[:40]]
 
@@ -249,7 +255,7 @@ def test_text_chunks_are_the_eos_joined_stream(text_files):
     for e in train:
         assert e.target_text.count("\n") == e.target.count(eos) and e.target_text in full
     batch = next(iter(dm.val_dataloader()))
-    check_batch(batch, dm.examples("val")[: len(batch["target_text"])], tok, exact_text=False)
+    check_batch(batch, dm.examples("val")[: len(batch["target_text"])], tok, exact_text=False, start=0)
 
 
 def test_text_prompt_splits_each_chunk(text_files):
@@ -260,7 +266,7 @@ def test_text_prompt_splits_each_chunk(text_files):
         assert (s.source, s.target) == (w.target[:5], w.target[5:])
     batch = next(iter(make_text(text_files, seq_len=16, prompt_len=5, eval_batch_size=7).val_dataloader()))
     assert batch["source"].shape == (7, 5) and batch["target"].shape == (7, 11)
-    check_batch(batch, split[:7], None, exact_text=False)
+    check_batch(batch, split[:7], None, exact_text=False, start=0)
 
 
 @pytest.mark.parametrize(

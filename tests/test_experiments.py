@@ -75,6 +75,9 @@ def shrink(config: dict, multi30k_dir_factory) -> list[str]:
         # Same generator arguments as the other tests, so the cached tokenizer is reused.
         args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "64",
                  "--data.init_args.n_test", "64", "--data.init_args.vocab_size", "300"]
+    elif data_class == "GrammarDataModule":
+        args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "16",
+                 "--data.init_args.n_test", "16", "--data.init_args.vocab_size", "400"]
     elif data_class == "SequenceTaskDataModule":
         args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "8", "--data.init_args.n_test", "8"]
     elif data_class == "Multi30kDataModule":
@@ -123,7 +126,8 @@ SWEEPS = [p for p in EXPERIMENT_CONFIGS if _is_sweep(p)]
 
 
 def test_the_shipped_sweeps_are_found():
-    assert {"compare_families.yaml", "heads_ablation.yaml", "positions_ablation.yaml", "block_size_sweep.yaml"} <= {
+    assert {"compare_families.yaml", "heads_ablation.yaml", "positions_ablation.yaml",
+            "number_words/block_size_sweep.yaml", "number_words/compare_families.yaml"} <= {
         _id(p) for p in SWEEPS}
 
 
@@ -134,7 +138,7 @@ def test_sweep_points_parse_as_experiments(path, tmp_path):
     from attnlab.experiment.spec import as_cli_args, load_sweep
 
     spec = load_sweep(path)
-    for point in spec.points():
+    for point in spec.grid_points():
         for overrides in [{}, *spec.evaluate.values()]:
             args = [*[a for c in point.configs for a in ("--config", str(c))], *as_cli_args(point.overrides),
                     *as_cli_args(overrides), "--run.root", str(tmp_path)]

@@ -13,14 +13,14 @@ SHORT = [
 
 @pytest.mark.parametrize("config", ["encoder_decoder.yaml", "decoder_only.yaml", "block_diffusion.yaml"])
 def test_a_short_run_beats_the_untrained_model(cli, tmp_path, config):
-    args = ["--config", EXPERIMENTS / config, "--run.root", tmp_path, *SHORT]
+    args = ["--config", EXPERIMENTS / "number_words" / config, "--run.root", tmp_path, *SHORT]
     untrained = cli("validate", *args, "--run.version", "untrained")
     assert untrained.code == 0, untrained.err[-2000:]
     trained = cli("fit", *args, "--run.version", "trained")
     assert trained.code == 0, trained.err[-2000:]
     name = config.removesuffix(".yaml")
-    before = read_metrics(tmp_path / name / "untrained")
-    after = read_metrics(tmp_path / name / "trained")
+    before = read_metrics(tmp_path / "number_words" / name / "untrained")
+    after = read_metrics(tmp_path / "number_words" / name / "trained")
     # An untrained model spreads its probability over the vocabulary (nll ≈ ln V ≈ 6);
     # chance cannot bring the NLL of 64 held-out translations below a third of that.
     assert after["val/nll"][-1] < before["val/nll"][-1] / 3

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import DEBUG_YAML, debug_fit_args, read_metrics, run_main, run_process
 
-VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s")
+VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/bpb", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s")
 
 
 def test_wandb_auto_without_credentials_runs_offline_and_never_prompts(tmp_path):
@@ -73,6 +73,7 @@ def short_fit(tmp_path_factory):
     os.environ.pop("ATTNLAB_RUN_VERSION", None)
     result = run_main(debug_fit_args(
         root, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--run.tensorboard", "true",
+        "--model.class_path", "conftest.Oracle",  # right on every second example: exact match 50 %
         version="short",
     ), cwd=root)
     os.environ.pop("ATTNLAB_RUN_VERSION", None)
@@ -89,8 +90,8 @@ def test_csv_has_every_evaluation_key(short_fit):
     nll, ppl = metrics["val/nll"][-1], metrics["val/ppl"][-1]
     assert ppl == pytest.approx(math.exp(nll), rel=1e-4)
     assert metrics["val/loss"][-1] == pytest.approx(nll, rel=1e-5)  # debug.yaml has no label smoothing
-    assert 0.0 <= metrics["val/exact_match"][-1] <= 1.0
-    assert 0.0 <= metrics["val/bleu"][-1] <= 100.0 and 0.0 <= metrics["val/chrf"][-1] <= 100.0
+    assert metrics["val/exact_match"][-1] == pytest.approx(50.0)  # a percentage, of the 8 val pairs
+    assert 0.0 < metrics["val/chrf"][-1] < 100.0
     assert metrics["val/gen_tokens_per_s"][-1] > 0 and min(metrics["train/tokens_per_s"]) > 0
     assert len(metrics["train/loss"]) == 2  # log_every_n_steps 1, two steps
 

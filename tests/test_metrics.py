@@ -46,6 +46,17 @@ def test_chrf_equals_sacrebleu_chrf():
     assert computed(HYPOTHESES, REFERENCES)["val/chrf"] == pytest.approx(expected, abs=1e-2)
 
 
+@pytest.mark.parametrize("hypotheses", [
+    ["", "", HYPOTHESES[2], HYPOTHESES[3], ""],  # empty outputs
+    ["xyz", "qqq", *HYPOTHESES[2:]],  # outputs that share no character n-gram with their reference
+], ids=["empty", "no-overlap"])
+def test_chrf_and_bleu_count_outputs_that_match_nothing(hypotheses):
+    """torchmetrics' CHRFScore (1.9.0) drops such sentences' references and scores these near 100."""
+    result = computed(hypotheses, REFERENCES)
+    assert result["val/chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [REFERENCES]).score, abs=1e-6)
+    assert result["val/bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [REFERENCES]).score, abs=1e-3)
+
+
 def test_exact_match_counts_identical_strings():
     assert computed(HYPOTHESES, REFERENCES)["val/exact_match"] == pytest.approx(20.0)
 
@@ -57,7 +68,8 @@ def test_a_nan_loss_reaches_the_logged_nll_instead_of_vanishing():
     import torch
 
     metrics = EvalMetrics()
-    metrics.update_likelihood(torch.tensor(2.0), torch.tensor(2.0), 4)
-    metrics.update_likelihood(torch.tensor(float("nan")), torch.tensor(float("nan")), 4)
+    metrics.update_likelihood(torch.tensor(2.0), torch.tensor(2.0), 4, 10)
+    metrics.update_likelihood(torch.tensor(float("nan")), torch.tensor(float("nan")), 4, 10)
     out = metrics.compute("val")
     assert math.isnan(out["val/nll"]) and math.isnan(out["val/loss"]) and math.isnan(out["val/ppl"])
+    assert math.isnan(out["val/bpb"])

@@ -63,7 +63,7 @@ def pad_rows_from(small: nn.Module, padded: nn.Module) -> None:
 def loss_sum(module, batch=BATCH):
     if hasattr(module, "reset_eval_noise"):
         module.reset_eval_noise()  # block diffusion: the same noise draw on every call in eval mode
-    return module.loss_terms(batch)[0]
+    return module.loss_terms(batch).loss.sum()
 
 
 # ---- fused q/k/v ---------------------------------------------------------------------------------
@@ -165,8 +165,8 @@ def test_fused_model_has_the_unfused_loss_and_trains_one_step(family):
 
     def train_loss():
         torch.manual_seed(1)  # the same noise before and after the step (block diffusion)
-        loss, _, n_targets, _ = fused.loss_terms(BATCH)
-        return loss / n_targets
+        terms = fused.loss_terms(BATCH)
+        return terms.loss.sum() / terms.targets.sum()
 
     before = train_loss()
     before.backward()
@@ -268,8 +268,8 @@ def test_compiled_training_step_matches_eager_and_checkpoints_stay_clean(tmp_pat
     eager.load_state_dict(compiled.state_dict())
     eager.train()
     compiled.train()
-    torch.testing.assert_close(compiled.loss_terms(BATCH)[0], eager.loss_terms(BATCH)[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(restored.train().loss_terms(BATCH)[0], eager.loss_terms(BATCH)[0])
+    torch.testing.assert_close(compiled.loss_terms(BATCH).loss, eager.loss_terms(BATCH).loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(restored.train().loss_terms(BATCH).loss, eager.loss_terms(BATCH).loss)
 
     graphs_after_training = counters["stats"]["unique_graphs"]
     with compiled._eager_generation(), torch.no_grad():

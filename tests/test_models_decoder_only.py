@@ -77,15 +77,15 @@ def test_module_loss_is_the_cross_entropy_of_target_tokens():
                          optimizer=dict(label_smoothing=0.1), vocab_size=40)
     batch = {"source": torch.tensor([[7, 8], [9, 0]]), "source_lengths": torch.tensor([2, 1]),
              "target": torch.tensor([[20, 21, 22], [23, 0, 0]]), "target_lengths": torch.tensor([3, 1])}
-    loss_sum, nll_sum, n_targets, n_inputs = module.loss_terms(batch)
+    terms = module.loss_terms(batch)
     tokens, labels = frame_prefix_target(batch, 2, 4, 3, 0)
     logits = module.model(tokens)
-    keep = labels != IGNORE
-    expected_nll = F.cross_entropy(logits[keep], labels[keep], reduction="sum")
-    expected_smoothed = F.cross_entropy(logits[keep], labels[keep], reduction="sum", label_smoothing=0.1)
-    assert n_targets == 6 and n_inputs == 13
-    torch.testing.assert_close(nll_sum, expected_nll)
-    torch.testing.assert_close(loss_sum, expected_smoothed)
+    per_row = [(F.cross_entropy(logits[b][labels[b] != IGNORE], labels[b][labels[b] != IGNORE], reduction="sum"),
+                F.cross_entropy(logits[b][labels[b] != IGNORE], labels[b][labels[b] != IGNORE], reduction="sum",
+                                label_smoothing=0.1)) for b in range(2)]
+    assert terms.targets.tolist() == [4, 2] and terms.inputs == 13
+    torch.testing.assert_close(terms.nll, torch.stack([nll for nll, _ in per_row]))
+    torch.testing.assert_close(terms.loss, torch.stack([smoothed for _, smoothed in per_row]))
 
 
 def test_tied_and_scaled_embeddings():
@@ -99,11 +99,42 @@ def test_tied_and_scaled_embeddings():
     assert untied.output is not None and untied.output.weight.data_ptr() != untied.weight.data_ptr()
 
 
-def test_post_norm_stack_outputs_are_layer_normalised():
-    model = tiny_model(norm_position="post")
-    hidden, _ = model.hidden(torch.tensor([[2, 5, 6, 7]]))
-    torch.testing.assert_close(hidden.mean(-1), torch.zeros(1, 4), atol=1e-5, rtol=0)
-    torch.testing.assert_close(hidden.var(-1, unbiased=False), torch.ones(1, 4), atol=1e-3, rtol=0)
+@pytest.mark.parametrize("position", ["post", "pre"])
+def test_each_sublayer_is_wired_as_its_norm_position_says(position):
+    """post (the paper): norm(x + f(x)); pre: x + f(norm(x)). Each wiring is checked against its
+    formula and against the other one's, which gives a different result on the same input."""
+    from attnlab.components.layers import SubLayer
+
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=8, n_heads=2, d_ff=16, dropout=0.0, norm_position=position)
+    inner = torch.nn.Linear(8, 8)
+    layer = SubLayer(cfg, inner)
+    with torch.no_grad():
+        layer.norm.weight.uniform_(0.5, 2.0)  # a norm that is not the identity on its own output
+        layer.norm.bias.uniform_(-1.0, 1.0)
+    x = torch.randn(2, 3, 8) * 3 + 1
+    out, _ = layer(x)
+    post, pre = layer.norm(x + inner(x)), x + inner(layer.norm(x))
+    expected, other = (post, pre) if position == "post" else (pre, post)
+    torch.testing.assert_close(out, expected)
+    assert not torch.allclose(out, other, atol=1e-2)
+
+
+def test_post_norm_normalises_every_layer_output_and_pre_norm_only_the_last():
+    """Post-norm: each layer's output is a LayerNorm output (no final norm); pre-norm: the layers
+    pass on the raw residual stream and only the stack's final norm normalises it."""
+    tokens = torch.tensor([[2, 5, 6, 7]])
+    for position, normalised in (("post", True), ("pre", False)):
+        model = tiny_model(norm_position=position)
+        outputs = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: outputs.append(out[0])) for layer in model.stack.layers]
+        hidden, _ = model.hidden(tokens)
+        for hook in hooks:
+            hook.remove()
+        variances = torch.stack([o.var(-1, unbiased=False) for o in outputs])
+        assert bool(torch.allclose(variances, torch.ones_like(variances), atol=1e-3)) == normalised, position
+        assert isinstance(model.stack.final_norm, torch.nn.Identity) == normalised
+        torch.testing.assert_close(hidden.var(-1, unbiased=False), torch.ones(1, 4), atol=1e-3, rtol=0)
 
 
 def test_swiglu_and_rmsnorm_build_and_differ_from_defaults():

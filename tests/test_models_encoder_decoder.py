@@ -110,20 +110,20 @@ def test_label_smoothed_loss_equals_its_formula():
                             optimizer=dict(label_smoothing=eps), vocab_size=40)
     batch = {"source": torch.tensor([[7, 8], [9, 0]]), "source_lengths": torch.tensor([2, 1]),
              "target": torch.tensor([[20, 21, 22], [23, 0, 0]]), "target_lengths": torch.tensor([3, 1])}
-    loss_sum, nll_sum, n_targets, _ = module.loss_terms(batch)
+    terms = module.loss_terms(batch)
     src, valid, dec_in, labels = frame_source_target(batch, 2, 3, 0)
     log_p = module.model(src, valid, dec_in).log_softmax(-1)
-    expected, expected_nll = 0.0, 0.0
+    expected, expected_nll = torch.zeros(2), torch.zeros(2)
     for b in range(2):
         for t in range(4):
             y = int(labels[b, t])
             if y == IGNORE:
                 continue
-            expected += (1 - eps) * -log_p[b, t, y] + eps * -log_p[b, t].mean()
-            expected_nll += -log_p[b, t, y]
-    assert n_targets == 6
-    torch.testing.assert_close(loss_sum, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(nll_sum, expected_nll, rtol=1e-5, atol=1e-5)  # val/nll stays unsmoothed
+            expected[b] += (1 - eps) * -log_p[b, t, y] + eps * -log_p[b, t].mean()
+            expected_nll[b] += -log_p[b, t, y]
+    assert terms.targets.tolist() == [4, 2]  # target + eos per row
+    torch.testing.assert_close(terms.loss, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(terms.nll, expected_nll, rtol=1e-5, atol=1e-5)  # val/nll stays unsmoothed
 
 
 def test_noam_rate_follows_the_papers_formula():

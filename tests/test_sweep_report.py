@@ -9,56 +9,82 @@ import yaml
 
 from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, FAST_TRAINER, png_size, run_process
 
+POINTS = ("n_heads=1", "n_heads=2")
+SEEDS = (0, 1)
+RUNS = [f"{point}/seed{seed}" for seed in SEEDS for point in POINTS]
+
+
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
-    """Run a 2-point sweep once, then the same command again (which must skip both points)."""
+    """Run a 2-point sweep with 2 seeds once, then the same command again (which must skip all four runs)."""
     folder = tmp_path_factory.mktemp("sweep")
     sweep_file = folder / "heads.yaml"
     sweep_file.write_text(yaml.safe_dump({
         "base": str(DEBUG_YAML),
         "grid": {"model.init_args.backbone.n_heads": [1, 2]},
+        "seeds": list(SEEDS),
         "evaluate": {"test": {}},
     }))
     args = ["sweep", sweep_file, "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
     # The first run takes the one-run-per-GPU path (two "GPUs": CUDA_VISIBLE_DEVICES is harmless
     # on a CPU run), the rerun the sequential one.
-    first = run_process([*args, "--devices", "0,1"], cwd=folder, timeout=600)
+    first = run_process([*args, "--devices", "0,1"], cwd=folder, timeout=900)
     second = run_process(args, cwd=folder, timeout=600)
     return folder / "runs" / "heads", first, second
 
 
-def test_sweep_runs_every_point_and_tests_its_best_checkpoint(sweep_run):
+def test_sweep_runs_every_point_once_per_seed_and_tests_its_best_checkpoint(sweep_run):
     sweep_dir, first, _ = sweep_run
     assert first.returncode == 0, first.stderr[-3000:]
-    for point in ("n_heads=1", "n_heads=2"):
-        done = json.loads((sweep_dir / point / "done.json").read_text())
+    for run in RUNS:
+        point, seed = run.split("/")
+        done = json.loads((sweep_dir / run / "done.json").read_text())
+        assert done["point"] == point and done["seed"] == int(seed[4:])
         assert done["swept"] == {"model.init_args.backbone.n_heads": int(point[-1])}
-        config = yaml.safe_load((sweep_dir / point / "fit" / "config.yaml").read_text())
+        config = yaml.safe_load((sweep_dir / run / "fit" / "config.yaml").read_text())
         assert config["model"]["init_args"]["backbone"]["n_heads"] == int(point[-1])
+        assert config["seed_everything"] == int(seed[4:])
         assert config["run"]["group"] == "heads"
-        summary = json.loads((sweep_dir / point / "fit" / "summary.json").read_text())
+        summary = json.loads((sweep_dir / run / "fit" / "summary.json").read_text())
         assert summary["family"] == "decoder_only" and summary["params"] > 0
-        assert "test/exact_match" in (sweep_dir / point / "test" / "metrics.csv").read_text()
-        assert "run folder:" in (sweep_dir / point / "log.txt").read_text()  # parallel runs log to files
+        assert "test/exact_match" in (sweep_dir / run / "test" / "metrics.csv").read_text()
+        assert len((sweep_dir / run / "test" / "examples.jsonl").read_text().splitlines()) == 8
+        assert "run folder:" in (sweep_dir / run / "log.txt").read_text()  # parallel runs log to files
     assert "fit on GPU 0" in first.stdout and "fit on GPU 1" in first.stdout
+    # Seeds change the initialisation: the two seeds of a point train differently.
+    losses = [(sweep_dir / "n_heads=1" / f"seed{s}" / "fit" / "metrics.csv").read_text() for s in SEEDS]
+    assert losses[0] != losses[1]
 
 
-def test_report_table_has_one_row_per_run_and_the_right_columns(sweep_run):
-    sweep_dir, first, _ = sweep_run
-    table = (sweep_dir / "report" / "report.md").read_text()
-    lines = [line for line in table.splitlines() if line.startswith("|")]
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in text.split("95 % intervals")[0].splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header[:4] == ["run", "family", "n_heads", "params"]
-    for column in ("val nll", "test exact_match", "test chrf", "train tok/s", "gen tok/s", "fit wall"):
+    return header, [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_report_has_one_row_per_point_with_intervals_over_seeds(sweep_run):
+    sweep_dir, first, _ = sweep_run
+    text = (sweep_dir / "report" / "report.md").read_text()
+    header, rows = _table(text)
+    assert header[:5] == ["run", "n", "family", "n_heads", "params"]
+    for column in ("val nll", "val bpb", "test nll", "test bpb", "test exact_match", "test chrf", "train tok/s",
+                   "gen tok/s", "fit wall"):
         assert column in header
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    assert [r[0] for r in rows] == ["n_heads=1", "n_heads=2"]
-    assert [r[2] for r in rows] == ["1", "2"]
+    assert [r[0] for r in rows] == list(POINTS)
+    assert [r[1] for r in rows] == ["2", "2"]  # n: two seeds per point
+    assert [r[3] for r in rows] == ["1", "2"]
     # Same width, different heads: the parameter count does not change (d_k = d_model / h).
-    assert rows[0][3] == rows[1][3]
+    assert rows[0][4] == rows[1][4]
+    nll = rows[0][header.index("test nll")]
+    assert "±" in nll.strip("*")
     data = json.loads((sweep_dir / "report" / "report.json").read_text())
-    assert data[0]["test exact_match"] is not None and 0 <= data[0]["test exact_match"] <= 100
-    assert "| n_heads=1 |" in first.stdout  # the sweep prints the table when it ends
+    entry = data[0]["test nll"]
+    assert data[0]["seeds"] == list(SEEDS) and len(entry["values"]) == 2 and entry["n"] == 2
+    low, high = entry["ci95"]
+    assert low < entry["mean"] < high
+    assert re.search(r"^\| n_heads=1 \| 2 \| \[", text, re.M)  # the interval table
+    assert "significantly different" in text and "paired on the same seeds and test examples" in text
+    assert "| n_heads=1 | 2 |" in first.stdout  # the sweep prints the table when it ends
 
 
 def test_report_writes_valid_pngs(sweep_run):
@@ -68,41 +94,70 @@ def test_report_writes_valid_pngs(sweep_run):
         assert width > 100 and height > 100
 
 
-def test_rerun_skips_finished_points(sweep_run):
+def test_rerun_skips_finished_runs(sweep_run):
     sweep_dir, _, second = sweep_run
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout.count("finished before, skipped") == 2
-    assert "[sweep] n_heads=1: fit" not in second.stdout
+    assert second.stdout.count("finished before, skipped") == 4
+    assert "[sweep] n_heads=1/seed0: fit" not in second.stdout
     assert not (sweep_dir / ".incomplete").exists()
 
 
-def test_a_point_interrupted_after_its_fit_resumes_instead_of_starting_over(sweep_run):
-    """No done.json but a last.ckpt: the rerun resumes the fit (same --run.version, so the run
-    folder and its metrics stay, no step repeated) and redoes the evaluation."""
+def test_a_run_interrupted_after_its_fit_resumes_instead_of_starting_over(sweep_run):
+    """No done.json but a last.ckpt: the rerun resumes that (point, seed)'s fit (same --run.version,
+    so the run folder and its metrics stay, no step repeated) and redoes the evaluation."""
     sweep_dir, _, _ = sweep_run
-    point = sweep_dir / "n_heads=2"
-    metrics_before = (point / "fit" / "metrics.csv").read_text()
-    (point / "done.json").unlink()
+    run = sweep_dir / "n_heads=2" / "seed1"
+    metrics_before = (run / "fit" / "metrics.csv").read_text()
+    (run / "done.json").unlink()
     folder = sweep_dir.parent.parent
     args = ["sweep", folder / "heads.yaml", "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA,
             "--run.wandb", "disabled"]
     rerun = run_process(args, cwd=folder, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "n_heads=2: resuming the unfinished earlier attempt" in rerun.stdout
+    assert "n_heads=2/seed1: resuming the unfinished earlier attempt" in rerun.stdout
     assert re.search(r"resuming \S+ from \S+last\.ckpt \(epoch", rerun.stdout + rerun.stderr)  # the fit itself
-    assert "n_heads=1: finished before, skipped" in rerun.stdout
+    assert rerun.stdout.count("finished before, skipped") == 3
     assert not (sweep_dir / ".incomplete").exists()
-    assert (point / "done.json").is_file()
-    assert (point / "fit" / "metrics.csv").read_text() == metrics_before  # nothing retrained or repeated
-    assert "test/exact_match" in (point / "test" / "metrics.csv").read_text()
+    assert (run / "done.json").is_file()
+    assert (run / "fit" / "metrics.csv").read_text() == metrics_before  # nothing retrained or repeated
+    assert "test/exact_match" in (run / "test" / "metrics.csv").read_text()
+
+
+def test_seeds_flag_runs_each_point_n_times_and_evaluates_the_named_checkpoint(tmp_path):
+    """`--seeds 2` replaces the file's seeds; `checkpoint: last` tests last.ckpt (the dry run shows it)."""
+    sweep_file = tmp_path / "one.yaml"
+    sweep_file.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "grid": {"model.init_args.backbone.n_heads": [2]},
+                                          "evaluate": {"final": {"checkpoint": "last"}}}))
+    args = ["sweep", sweep_file, "--root", tmp_path / "runs", "--seeds", "2", *FAST_TRAINER, *DEBUG_DATA,
+            "--run.wandb", "disabled"]
+    dry = run_process([*args, "--dry-run"], cwd=tmp_path, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "n_heads=2/seed0 [fit]" in dry.stdout and "n_heads=2/seed1 [final]" in dry.stdout
+    assert "--seed_everything=1" in dry.stdout and "checkpoint" not in dry.stdout  # not a config key
+    from attnlab.experiment.sweep import checkpoint_to_test
+
+    checkpoints = tmp_path / "fit" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in ("best-epoch=0-step=1.ckpt", "last.ckpt"):
+        (checkpoints / name).write_text("x")
+    assert checkpoint_to_test(tmp_path / "fit", "last").name == "last.ckpt"
+    assert checkpoint_to_test(tmp_path / "fit", "best").name.startswith("best-")
+    from attnlab.errors import AttnlabError
+
+    with pytest.raises(AttnlabError, match="CheckpointAveraging"):
+        checkpoint_to_test(tmp_path / "fit", "averaged")
 
 
 def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
     from attnlab.experiment.spec import load_sweep, wandb_sweep_config
 
     spec = load_sweep(EXPERIMENTS / "compare_families.yaml")
-    assert [p.name for p in spec.points()] == ["decoder_only", "encoder_decoder", "block_diffusion"]
-    exported = wandb_sweep_config(load_sweep(EXPERIMENTS / "block_size_sweep.yaml"))
+    assert [p.name for p in spec.grid_points()] == ["decoder_only", "encoder_decoder", "block_diffusion"]
+    assert spec.seeds == [0, 1, 2]
+    assert [p.folder for p in spec.points()][:4] == ["decoder_only/seed0", "encoder_decoder/seed0",
+                                                     "block_diffusion/seed0", "decoder_only/seed1"]
+    assert wandb_sweep_config(spec)["parameters"]["seed_everything"] == {"values": [0, 1, 2]}
+    exported = wandb_sweep_config(load_sweep(EXPERIMENTS / "number_words" / "block_size_sweep.yaml"))
     assert exported["method"] == "grid"
     assert exported["parameters"]["model.init_args.block_size"] == {"values": [1, 2, 4, 8, 16]}
     assert exported["command"] == ["attnlab", "fit", "${args}"]

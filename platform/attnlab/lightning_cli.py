@@ -5,13 +5,14 @@ import json
 from pathlib import Path
 
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.averaging import CheckpointAveraging
 from attnlab.guards import ChildProcessReaper, NonFiniteLossGuard
 from attnlab.modules.base import FamilyModule
+from attnlab.per_example import PerExampleWriter
 from attnlab.resume import LastCheckpoint, RngStates, last_checkpoint
 from attnlab.run_logging import RunOptions, build_loggers, describe_run
 from attnlab.run_summary import RunSummary
@@ -27,12 +28,13 @@ class AttnlabCLI(LightningCLI):
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [
-                ModelCheckpoint(monitor="val/nll", mode="min", filename="best-{epoch}-{step}"),
+                # the best-by-run.monitor ModelCheckpoint (and EarlyStopping) join in instantiate_trainer
                 LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.resume
                 RngStates(),
                 RunSummary(),
                 NonFiniteLossGuard(),
                 ChildProcessReaper(),
+                PerExampleWriter(),
             ]},
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,
@@ -101,10 +103,24 @@ class AttnlabCLI(LightningCLI):
         checked, self._checked_ckpt = getattr(self, "_checked_ckpt", None), None
         if isinstance(model, FamilyModule) and checked is not None:
             model._check_checkpoint_shapes(checked[1], source=f"--ckpt_path {checked[0]}")
+        if self.subcommand == "fit" and isinstance(model, FamilyModule):
+            model.check_monitor(self._get(self.config_init, "run").monitor,
+                                datamodule if isinstance(datamodule, TokenizedDataModule) else None)
+
+    def _selection_callbacks(self) -> list:
+        """The best checkpoint by run.monitor (best-{epoch}-{step}.ckpt) and, with run.patience, early stopping."""
+        options = self._get(self.config_init, "run")
+        callbacks = [ModelCheckpoint(monitor=options.monitor, mode=options.mode, filename="best-{epoch}-{step}",
+                                     auto_insert_metric_name=True)]
+        if options.patience is not None:
+            callbacks.append(EarlyStopping(monitor=options.monitor, mode=options.mode, patience=options.patience))
+        return callbacks
 
     def instantiate_trainer(self, **kwargs):
         self._check_before_writing()
         trainer_config = self._get(self.config_init, "trainer", default={})
+        defaults = [c for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping)]
+        self.trainer_defaults["callbacks"] = self._selection_callbacks() + defaults
         self._resume_from = self._find_resume()
         if trainer_config.get("logger") in (None, True):
             self._dump_config()
@@ -194,10 +210,18 @@ class AttnlabCLI(LightningCLI):
         self._summarise("test")
 
     def predict(self, model, datamodule=None, **kwargs):
-        """Generate for the data module's predict split and write predictions.jsonl to the run folder."""
+        """Generate for the data module's predict split and write predictions.jsonl to the run folder,
+        in split order (every rank's rows gathered under DDP)."""
+        import torch
+
         batches = self.trainer.predict(model, datamodule=datamodule, **kwargs)
+        rows = [row for batch in batches or [] for row in batch]
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
+            shares: list = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(shares, rows)
+            rows = [row for share in shares for row in share]
         log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
-        self._write_predictions([row for batch in batches or [] for row in batch], log_dir)
+        self._write_predictions(sorted(rows, key=lambda row: row["index"]), log_dir)
 
     @rank_zero_only
     def _write_predictions(self, rows: list[dict], log_dir: str | None) -> None:
@@ -205,7 +229,7 @@ class AttnlabCLI(LightningCLI):
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.write(json.dumps({k: v for k, v in row.items() if k != "index"}, ensure_ascii=False) + "\n")
         for row in rows[:3]:
             print(f"  {row['source']}\n    ref: {row['reference']}\n    out: {row['hypothesis']}")
         print(f"{len(rows)} predictions written to {out}")

@@ -17,6 +17,7 @@ from attnlab.errors import ConfigError
 from attnlab.resume import ResumableCSVLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+HIGHER_IS_BETTER = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
 WANDB_ID_FILE = "wandb_id.txt"  # in the run folder: the id a resumed run continues
 
 
@@ -32,6 +33,9 @@ class RunOptions:
     group: str | None = None
     tensorboard: bool = False
     checkpoint_every_n_steps: int = 200  # last.ckpt this often (optimizer steps) and after each validation
+    monitor: str = "val/nll"  # the validation metric that picks checkpoints/best-*.ckpt (and stops early)
+    monitor_mode: str | None = None  # min or max; default: max for bleu, bleu_lc, chrf, exact_match, else min
+    patience: int | None = None  # stop after this many validations without improvement of `monitor`
 
     def __post_init__(self):
         if self.wandb not in WANDB_MODES:
@@ -39,6 +43,22 @@ class RunOptions:
         if isinstance(self.checkpoint_every_n_steps, bool) or not isinstance(self.checkpoint_every_n_steps, int) \
                 or self.checkpoint_every_n_steps < 1:
             raise ConfigError(f"run.checkpoint_every_n_steps={self.checkpoint_every_n_steps!r} must be an integer >= 1")
+        if not isinstance(self.monitor, str) or not self.monitor.startswith("val/"):
+            raise ConfigError(f"run.monitor={self.monitor!r} must be a validation metric such as val/nll or val/bleu "
+                              "(checkpoints are chosen on validation data)")
+        if self.monitor_mode not in (None, "min", "max"):
+            raise ConfigError(f"run.monitor_mode={self.monitor_mode!r} must be min or max (or left unset)")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
+                                          or self.patience < 1):
+            raise ConfigError(f"run.patience={self.patience!r} must be an integer >= 1 (validations without "
+                              "improvement before stopping), or left unset for no early stopping")
+
+    @property
+    def mode(self) -> str:
+        """min or max for `monitor`: higher is better for the generation scores."""
+        if self.monitor_mode:
+            return self.monitor_mode
+        return "max" if self.monitor.rsplit("/", 1)[-1] in HIGHER_IS_BETTER else "min"
 
 
 def wandb_credentials_present() -> bool:

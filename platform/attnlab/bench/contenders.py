@@ -91,8 +91,8 @@ def platform_train_step(module, batch: dict, options: Options):
     module.train()
 
     def loss():
-        loss_sum, _, n_targets, _ = module.loss_terms(batch)
-        return loss_sum / n_targets
+        terms = module.loss_terms(batch)
+        return terms.loss.sum() / terms.targets.sum()
 
     return _train_step(module.parameters(), loss, options)
 

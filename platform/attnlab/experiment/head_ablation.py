@@ -68,8 +68,8 @@ def evaluate(module, batches: list[dict], metric: str = "nll") -> float:
         if metric == "nll":
             nll, tokens = 0.0, 0
             for batch in batches:
-                _, nll_sum, n_targets, _ = module.loss_terms(batch)
-                nll, tokens = nll + float(nll_sum), tokens + n_targets
+                terms = module.loss_terms(batch)
+                nll, tokens = nll + float(terms.nll.sum()), tokens + int(terms.targets.sum())
             return nll / max(tokens, 1)
         metrics = EvalMetrics()
         for batch in batches:

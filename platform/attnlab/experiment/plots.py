@@ -1,9 +1,13 @@
-"""The report's PNG plots: quality against parameters, throughput and generation speed, curves."""
+"""The report's PNG plots: quality against parameters, throughput and generation speed, curves.
+
+A row run with several seeds is drawn at its mean with its 95 % interval (error bars; a band
+around the mean curve), so overlapping intervals show at a glance.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.experiment.runs import RunRecord
+from attnlab.experiment.stats import Summary, summarize
 
 
 def pyplot():
@@ -15,7 +19,7 @@ def pyplot():
     return plt
 
 
-def quality_metric(records: list[RunRecord], name: str) -> str | None:
+def quality_metric(records, name: str) -> str | None:
     """`test/<name>` where every run has it, else `val/<name>`, else val/nll."""
     for key in (f"test/{name}", f"val/{name}", "val/nll"):
         if all(r.metric(key) is not None for r in records):
@@ -23,28 +27,36 @@ def quality_metric(records: list[RunRecord], name: str) -> str | None:
     return None
 
 
-def write_plots(records: list[RunRecord], output: Path, metric: str) -> list[Path]:
+def _half_width(summary: Summary | None) -> float:
+    return 0.0 if summary is None or summary.low is None else (summary.high - summary.low) / 2
+
+
+def write_plots(points, output: Path, metric: str) -> list[Path]:
+    from attnlab.experiment.report import generation_speed
+
     plt = pyplot()
     written = []
+    records = [r for p in points for r in p.records]
     key = quality_metric(records, metric)
-    with_params = [r for r in records if r.summary.get("params")]
+    with_params = [p for p in points if p.first.summary.get("params")]
     if key and with_params:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for r in with_params:
-            ax.scatter(r.summary["params"], r.metric(key))
-            ax.annotate(r.name, (r.summary["params"], r.metric(key)), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for p in with_params:
+            quality = summarize([r.metric(key) for r in p.records])
+            x = p.first.summary["params"]
+            ax.errorbar(x, quality.mean, yerr=_half_width(quality), fmt="o", capsize=3)
+            ax.annotate(p.name, (x, quality.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel("parameters")
-        ax.set_ylabel(key)
+        ax.set_ylabel(key + (" (mean, 95% interval over seeds)" if any(len(p.records) > 1 for p in points) else ""))
         ax.set_title(f"{key} against parameters")
         written.append(_save(fig, output / "quality_vs_params.png", plt))
 
-    from attnlab.experiment.report import generation_speed
-
-    speeds = [("training tokens/s", [r.train_tokens_per_s() for r in records]),
-              ("generation tokens/s", [generation_speed(r) for r in records])]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.4 * len(records) + 1.5))
-    for ax, (label, values) in zip(axes, speeds):
-        ax.barh([r.name for r in records], [v or 0.0 for v in values])
+    speeds = [("training tokens/s", lambda r: r.train_tokens_per_s()), ("generation tokens/s", generation_speed)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.4 * len(points) + 1.5))
+    for ax, (label, value) in zip(axes, speeds):
+        summaries = [summarize([value(r) for r in p.records]) for p in points]
+        ax.barh([p.name for p in points], [s.mean if s else 0.0 for s in summaries],
+                xerr=[_half_width(s) for s in summaries], capsize=3)
         ax.set_xlabel(label)
         ax.invert_yaxis()
     axes[1].set_yticklabels([])
@@ -52,10 +64,19 @@ def write_plots(records: list[RunRecord], output: Path, metric: str) -> list[Pat
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key in zip(axes, ("train/loss", "val/nll")):
-        for r in records:
-            points = r.series(key)
-            if points:
-                ax.plot([s for s, _ in points], [v for _, v in points], label=r.name, marker="." if key.startswith("val") else None)
+        for p in points:
+            by_step: dict[int, list[float]] = {}
+            for r in p.records:
+                for step, v in r.series(key):
+                    by_step.setdefault(step, []).append(v)
+            if not by_step:
+                continue
+            steps = sorted(by_step)
+            summaries = [summarize(by_step[s]) for s in steps]
+            line, = ax.plot(steps, [s.mean for s in summaries], label=p.name, marker="." if key.startswith("val") else None)
+            if any(s.low is not None for s in summaries):
+                ax.fill_between(steps, [s.low if s.low is not None else s.mean for s in summaries],
+                                [s.high if s.high is not None else s.mean for s in summaries], alpha=0.2, color=line.get_color())
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.set_yscale("log")

@@ -1,21 +1,43 @@
-"""`attnlab report`: runs in, one markdown table and PNG plots out (and to wandb).
+"""`attnlab report`: runs in, markdown tables with intervals and significance, PNG plots out (and to wandb).
 
-One row per fit run: family, the swept values, parameters, final validation metrics, every
-evaluation's metrics, median training tokens/s, generation tokens/s and the wall time of fit.
+One row per grid point (a sweep point, or a run folder of its own); a point run with several
+seeds shows every metric as mean ± std over them, with n and a 95 % interval in a second table.
+Each evaluation metric (test nll, bpb, BLEU, chrF, exact match) is tested between every row and
+the column's best row, paired on the same seeds and test examples (see `significance`); the
+report marks the significant differences and says in words which differences are and are not.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from attnlab.experiment.runs import RunRecord, collect_runs
 from attnlab.errors import AttnlabError
+from attnlab.experiment.runs import RunRecord, collect_runs
+from attnlab.experiment.significance import ColumnTest, test_column
+from attnlab.experiment.stats import ALPHA, Summary, summarize
 
-DESCRIPTION = "turn a folder of runs (or a sweep) into a markdown table and PNG plots"
-QUALITY = ("nll", "bleu", "chrf", "exact_match")
+DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
+QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
+LOWER_IS_BETTER = ("nll", "bpb")
+
+
+@dataclass
+class Point:
+    """A row of the report: the runs of one grid point, one per seed."""
+
+    name: str
+    records: list[RunRecord]
+
+    @property
+    def first(self) -> RunRecord:
+        return self.records[0]
+
+    @property
+    def seeds(self) -> list:
+        return [r.seed for r in self.records]
 
 
 @dataclass
@@ -23,6 +45,13 @@ class Column:
     header: str
     value: Callable[[RunRecord], object]
     fmt: Callable[[object], str] = str
+    numeric: bool = False  # summarised over seeds (mean ± std, interval)
+    evaluation: str | None = None  # with `metric`: a paired test against the best row applies
+    metric: str | None = None
+    tests: ColumnTest | None = field(default=None, repr=False)
+
+    def summary(self, point: Point) -> Summary | None:
+        return summarize([self.value(r) for r in point.records])
 
 
 def _number(digits: int):
@@ -42,12 +71,19 @@ def _minutes(v) -> str:
 
 
 def _quality_fmt(name: str):
-    return _number(4 if name == "nll" else 2)
+    return _number(4 if name in LOWER_IS_BETTER else 2)
 
 
 def generation_speed(record: RunRecord) -> float | None:
     test = record.evaluations.get("test", {}).get("test/gen_tokens_per_s")
     return test if test is not None else record.final("val/gen_tokens_per_s")
+
+
+def group_points(records: list[RunRecord]) -> list[Point]:
+    points: dict[str, Point] = {}
+    for record in records:
+        points.setdefault(record.name, Point(record.name, [])).records.append(record)
+    return list(points.values())
 
 
 def build_columns(records: list[RunRecord]) -> list[Column]:
@@ -59,7 +95,7 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
     columns.append(Column("params", lambda r: r.summary.get("params"), _params))
     for name in QUALITY:
         if any(r.final(f"val/{name}") is not None for r in records):
-            columns.append(Column(f"val {name}", lambda r, n=name: r.final(f"val/{n}"), _quality_fmt(name)))
+            columns.append(Column(f"val {name}", lambda r, n=name: r.final(f"val/{n}"), _quality_fmt(name), numeric=True))
     evaluations = list(dict.fromkeys(e for r in records for e in r.evaluations))
     evaluations.sort(key=lambda e: e != "test")
     for evaluation in evaluations:
@@ -67,21 +103,108 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
             key = f"test/{name}"
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
                 columns.append(Column(f"{evaluation} {name}", lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k),
-                                      _quality_fmt(name)))
-    columns.append(Column("train tok/s", RunRecord.train_tokens_per_s, _thousands))
-    columns.append(Column("gen tok/s", generation_speed, _thousands))
-    columns.append(Column("fit wall", lambda r: r.summary.get("fit_seconds"), _minutes))
+                                      _quality_fmt(name), numeric=True, evaluation=evaluation, metric=name))
+    columns.append(Column("train tok/s", RunRecord.train_tokens_per_s, _thousands, numeric=True))
+    columns.append(Column("gen tok/s", generation_speed, _thousands, numeric=True))
+    columns.append(Column("fit wall", lambda r: r.summary.get("fit_seconds"), _minutes, numeric=True))
     return columns
 
 
-def markdown_table(records: list[RunRecord], columns: list[Column]) -> str:
-    def cell(column, record):
-        value = column.value(record)
-        return "—" if value is None else column.fmt(value)
+def run_tests(points: list[Point], columns: list[Column]) -> None:
+    """Paired tests of every evaluation column against its best row (stored on the column)."""
+    for column in columns:
+        if column.metric is not None:
+            means = {p.name: s.mean for p in points if (s := column.summary(p)) is not None}
+            column.tests = test_column(points, column.evaluation, column.metric, means,
+                                       higher_is_better=column.metric not in LOWER_IS_BETTER)
 
-    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(c, r) for c in columns) + " |" for r in records]
+
+def _cell(column: Column, point: Point) -> str:
+    if not column.numeric:
+        value = column.value(point.first)
+        return "—" if value is None else column.fmt(value)
+    summary = column.summary(point)
+    if summary is None:
+        return "—"
+    text = column.fmt(summary.mean) + (f" ± {column.fmt(summary.std)}" if summary.n > 1 else "")
+    tests = column.tests
+    if tests is not None and tests.best == point.name:
+        return f"**{text}**"
+    if tests is not None and (p := tests.p_values.get(point.name)) is not None and p < ALPHA:
+        return text + " *"
+    return text
+
+
+def _interval(column: Column, point: Point) -> str:
+    summary = column.summary(point)
+    if summary is None or summary.low is None:
+        return "—"
+    return f"[{column.fmt(summary.low)}, {column.fmt(summary.high)}]"
+
+
+def markdown_table(points: list[Point], columns: list[Column]) -> str:
+    headers = [columns[0].header, "n", *(c.header for c in columns[1:])]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for point in points:
+        cells = [_cell(c, point) for c in columns]
+        lines.append("| " + " | ".join([cells[0], str(len(point.records)), *cells[1:]]) + " |")
     return "\n".join(lines)
+
+
+def interval_table(points: list[Point], columns: list[Column]) -> str:
+    numeric = [c for c in columns if c.numeric]
+    lines = ["| run | n | " + " | ".join(c.header for c in numeric) + " |", "|" + "---|" * (len(numeric) + 2)]
+    for point in points:
+        lines.append(f"| {point.name} | {len(point.records)} | " + " | ".join(_interval(c, point) for c in numeric) + " |")
+    return "\n".join(lines)
+
+
+def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
+    """One sentence per tested column: the best row, which rows differ significantly, which do not."""
+    tested = [c for c in columns if c.tests is not None and c.tests.best is not None]
+    if not tested or len(points) < 2:
+        return []
+    seeds = sorted({len(p.records) for p in points})
+    lines = [
+        f"Bold: the best row of a column (mean over seeds). `*`: significantly different from it at p < {ALPHA} "
+        f"(two-sided, paired on the same seeds and test examples: sacreBLEU's paired bootstrap resampling for BLEU "
+        f"and chrF, a paired sign-flip permutation test for nll, bpb and exact match). Seeds per row: "
+        f"{', '.join(map(str, seeds))}. Unmarked rows are not significantly different from the best.",
+        "",
+    ]
+    for column in tested:
+        tests = column.tests
+        best = column.summary(next(p for p in points if p.name == tests.best))
+        worse = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p < ALPHA]
+        same = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p >= ALPHA]
+        parts = [f"- **{column.header}**: best {tests.best} ({column.fmt(best.mean)})"]
+        parts.append(f"significantly different: {', '.join(worse)}" if worse else "no row significantly different")
+        if same:
+            parts.append(f"not significantly different: {', '.join(same)}")
+        if tests.skipped:
+            parts.append("not tested: " + ", ".join(f"{n} ({why})" for n, why in tests.skipped.items()))
+        lines.append("; ".join(parts) + ".")
+    return lines
+
+
+def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
+    """report.json: per row, every column's value (numbers: per-seed values, mean, std, n, interval, p)."""
+    rows = []
+    for point in points:
+        row: dict = {"seeds": point.seeds}
+        for column in columns:
+            if not column.numeric:
+                row[column.header] = column.value(point.first)
+                continue
+            summary = column.summary(point)
+            entry = {"values": [column.value(r) for r in point.records]}
+            if summary is not None:
+                entry.update(mean=summary.mean, std=summary.std, n=summary.n, ci95=[summary.low, summary.high])
+            if column.tests is not None:
+                entry.update(best=column.tests.best == point.name, p=column.tests.p_values.get(point.name))
+            row[column.header] = entry
+        rows.append(row)
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("folder", help="a sweep folder (runs/<sweep>) or any folder holding run folders")
     parser.add_argument("--output", help="where to write report.md, report.json and the plots (default: <folder>/report)")
     parser.add_argument("--metric", default="chrf", help="quality metric of the quality-against-parameters plot "
-                                                        "(nll, bleu, chrf, exact_match; test if measured, else val)")
+                                                        "(nll, bpb, bleu, chrf, exact_match; test if measured, else val)")
     parser.add_argument("--wandb", default="auto", choices=("auto", "online", "offline", "disabled"),
                         help="log the table and plots as a wandb run of the sweep's group (default: auto)")
     return parser
@@ -103,22 +226,30 @@ def report_main(argv: list[str]) -> int:
     records = collect_runs(folder)
     if not records:
         raise AttnlabError(f"no runs under {folder}: a run folder holds the metrics.csv that `attnlab fit` writes")
+    points = group_points(records)
     columns = build_columns(records)
-    table = markdown_table(records, columns)
+    run_tests(points, columns)
+    table, intervals, words = markdown_table(points, columns), interval_table(points, columns), significance_text(points, columns)
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(records, output, args.metric)
-    body = [f"# Report: {folder}", "", f"{len(records)} run(s).", "", table, ""]
+    plots = write_plots(points, output, args.metric)
+    body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
+            "the seeds of a row (n).", "", table, "", *words, "",
+            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, ""]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
-    rows = [{c.header: c.value(r) for c in columns} for r in records]
+    rows = report_rows(points, columns)
     (output / "report.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(table)
+    if words:
+        print("\n" + "\n".join(words))
     print(f"\nreport: {output / 'report.md'} ({len(plots)} plots)")
     if args.wandb != "disabled":
         from attnlab.experiment.wandb_report import log_report
 
-        line = log_report(folder, output, [c.header for c in columns], rows, plots, args.wandb)
+        flat = [{c.header: (v["mean"] if isinstance(v := row[c.header], dict) and "mean" in v else v) for c in columns}
+                for row in rows]
+        line = log_report(folder, output, [c.header for c in columns], flat, plots, args.wandb)
         if line:
             print(line)
     return 0

@@ -1,8 +1,8 @@
 """Reading run folders back: a fit run with its metrics history, summary and evaluations.
 
 A fit folder holds metrics.csv with `train/*` columns; an evaluation folder (`attnlab test`)
-holds one without. In a sweep an evaluation sits next to its fit run under the point's folder;
-elsewhere it stays a row of its own.
+holds one without (and examples.jsonl). In a sweep an evaluation sits next to its fit run under
+the point's folder (or its seed folder); elsewhere it stays a row of its own.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ class RunRecord:
     evaluations: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     order: int = 0  # the point's place in its sweep file, so tables follow the file
+    seed: int | None = None  # the sweep seed (None: a run without seeds)
+    evaluation_dirs: dict[str, Path] = field(default_factory=dict)
 
     def final(self, key: str) -> float | None:
         """The last logged value of a metric."""
@@ -41,6 +43,13 @@ class RunRecord:
         """Median over logged steps: robust to the slow first steps and to evaluation pauses."""
         values = [v for _, v in self.series("train/tokens_per_s")]
         return statistics.median(values) if values else None
+
+    def examples(self, evaluation: str) -> list[dict] | None:
+        """The per-example records an evaluation saved (examples.jsonl), or None."""
+        from attnlab.per_example import read_examples
+
+        folder = self.evaluation_dirs.get(evaluation)
+        return read_examples(folder) if folder is not None else None
 
     def metric(self, key: str) -> float | None:
         """`val/x` from the history, `test/x` from the evaluation named test, `name:test/x` from another."""
@@ -108,15 +117,17 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
         if folder in fits or len(siblings) != 1:
             name = done.get("point") or str(folder.relative_to(root))
             record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
-                               seconds=done.get("seconds", {}), order=done.get("index", 0))
+                               seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"))
             summary = folder / "summary.json"
             if summary.is_file():
                 record.summary = json.loads(summary.read_text())
             if folder not in fits:  # an evaluation with no fit run to attach to
                 record.evaluations["test"] = last_values(histories[folder])
+                record.evaluation_dirs["test"] = folder
             records[folder] = record
     for folder in folders:
         siblings = fits_by_parent.get(folder.parent, [])
         if folder not in fits and len(siblings) == 1:
             records[siblings[0]].evaluations[folder.name] = last_values(histories[folder])
-    return sorted(records.values(), key=lambda r: (r.order, r.name))
+            records[siblings[0]].evaluation_dirs[folder.name] = folder
+    return sorted(records.values(), key=lambda r: (r.order, r.name, -1 if r.seed is None else r.seed))

@@ -3,11 +3,13 @@
     base: decoder_only.yaml            # or a list: one family per point (compare_families)
     grid:
       model.init_args.backbone.n_heads: [1, 2, 4, 8, 16]
+    seeds: [0, 1, 2]                   # every point once per seed (seed_everything), in <point>/seed<k>/
     fixed:
       trainer.max_epochs: 3
-    evaluate:                          # after fit, test the best checkpoint once per entry
-      test: {}
+    evaluate:                          # after fit, test a checkpoint once per entry
+      test: {}                         # the best by run.monitor (default val/nll)
       len2x: {data.init_args.eval_length_factor: 2}
+      avg: {checkpoint: averaged}      # best, last or averaged (CheckpointAveraging's averaged.ckpt)
 
 Paths in `base` are relative to the sweep file. Every mistake names the field and the fix,
 before any run starts.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +26,25 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "fixed", "evaluate", "name"}
+KNOWN_KEYS = {"base", "grid", "fixed", "evaluate", "name", "seeds"}
+CHECKPOINTS = ("best", "last", "averaged")  # what an evaluate entry's `checkpoint` may name
 
 
 @dataclass
 class SweepPoint:
-    """One run of the sweep: its folder name, configs and the overrides that make it differ."""
+    """One run of the sweep: its grid point's name, configs, the overrides that make it differ and
+    its seed (None: the config's own seed_everything, and no seed folder)."""
 
     name: str
     configs: list[Path]
     overrides: dict[str, Any]
     index: int = 0  # place in the sweep file, so reports list points in that order
+    seed: int | None = None
+
+    @property
+    def folder(self) -> str:
+        """Where the run goes under the sweep folder: <point> or <point>/seed<k>."""
+        return self.name if self.seed is None else f"{self.name}/seed{self.seed}"
 
 
 @dataclass
@@ -45,8 +55,10 @@ class SweepSpec:
     grid: dict[str, list]
     fixed: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, dict[str, Any]] = field(default_factory=lambda: {"test": {}})
+    seeds: list[int] | None = None
 
-    def points(self) -> list[SweepPoint]:
+    def grid_points(self) -> list[SweepPoint]:
+        """One point per base and grid combination, without seeds."""
         keys = list(self.grid)
         short = _short_names(keys)
         out = []
@@ -57,6 +69,13 @@ class SweepSpec:
                 overrides = {**self.fixed, **dict(zip(keys, values))}
                 out.append(SweepPoint(",".join(parts) or base.stem, [base], overrides, len(out)))
         return out
+
+    def points(self) -> list[SweepPoint]:
+        """Every run: each grid point once per seed (seeds outer, so a partial sweep covers all points)."""
+        points = self.grid_points()
+        if self.seeds is None:
+            return points
+        return [replace(p, seed=seed) for seed in self.seeds for p in points]
 
 
 def _format(value) -> str:
@@ -97,14 +116,34 @@ def load_sweep(path: str | Path) -> SweepSpec:
     evaluate = _mapping(evaluate, path, "evaluate")
     for name, overrides in evaluate.items():
         _mapping(overrides, path, f"evaluate.{name}")
-        if name == "fit" or "/" in name:
-            raise ConfigError(f"{path}: evaluate.{name}: pick another name (not 'fit', no '/')")
+        if name == "fit" or "/" in name or name.startswith("seed"):
+            raise ConfigError(f"{path}: evaluate.{name}: pick another name (not 'fit', no '/', not starting with 'seed')")
+        checkpoint = (overrides or {}).get("checkpoint", "best")
+        if checkpoint not in CHECKPOINTS:
+            raise ConfigError(f"{path}: evaluate.{name}.checkpoint={checkpoint!r} must be one of {', '.join(CHECKPOINTS)}")
+    seeds = check_seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
     spec = SweepSpec(path, str(raw.get("name") or path.stem), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
-                     {k: dict(v or {}) for k, v in evaluate.items()})
-    names = [p.name for p in spec.points()]
+                     {k: dict(v or {}) for k, v in evaluate.items()}, seeds)
+    names = [p.name for p in spec.grid_points()]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: two grid points get the same folder name; give the bases different file names")
     return spec
+
+
+def check_seeds(value, where: str) -> list[int]:
+    """A non-empty list of distinct integers (bools are not integers here)."""
+    if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ConfigError(f"{where} must be a non-empty list of distinct integers, e.g. [0, 1, 2] (got {value!r})")
+    if len(set(value)) != len(value):
+        repeated = sorted({v for v in value if value.count(v) > 1})
+        raise ConfigError(f"{where} lists {', '.join(map(str, repeated))} more than once: each seed must be distinct")
+    return list(value)
+
+
+def evaluation_checkpoint(overrides: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(which checkpoint an evaluate entry tests, its config overrides without that key)."""
+    rest = {k: v for k, v in overrides.items() if k != "checkpoint"}
+    return overrides.get("checkpoint", "best"), rest
 
 
 def _mapping(value, path: Path, field_name: str) -> dict:
@@ -129,6 +168,8 @@ def wandb_sweep_config(spec: SweepSpec) -> dict:
         parameters[key] = {"value": value}
     for key, values in spec.grid.items():
         parameters[key] = {"values": values}
+    if spec.seeds is not None:
+        parameters["seed_everything"] = {"values": spec.seeds}
     parameters["run.group"] = {"value": spec.name}
     return {
         "name": spec.name,

@@ -1,13 +1,15 @@
 """`attnlab sweep`: run every point of a sweep file, skip the finished ones, then report.
 
 Each point is `attnlab fit` in a subprocess (a clean process per run, and the natural unit to
-pin to one GPU), then `attnlab test` of its best checkpoint once per `evaluate` entry. The
-layout is fixed so a rerun can tell what is done:
+pin to one GPU), then `attnlab test` of a checkpoint (the best by run.monitor unless the entry
+says `checkpoint: last | averaged`) once per `evaluate` entry. With seeds (`seeds:` in the file
+or `--seeds N`) every point runs once per seed, in its own folder. The layout is fixed so a
+rerun can tell what is done:
 
-    runs/<sweep>/<point>/fit/        metrics.csv, config.yaml, summary.json, checkpoints/
-    runs/<sweep>/<point>/test/       the test of the best checkpoint (one folder per evaluation)
-    runs/<sweep>/<point>/done.json   written last; a rerun skips points that have it, resumes a
-                                     fit that left a last.ckpt, and sets other unfinished points aside
+    runs/<sweep>/<point>[/seed<k>]/fit/        metrics.csv, config.yaml, summary.json, checkpoints/
+    runs/<sweep>/<point>[/seed<k>]/test/       the evaluation (one folder per entry), examples.jsonl
+    runs/<sweep>/<point>[/seed<k>]/done.json   written last; a rerun skips runs that have it, resumes
+                                               a fit that left a last.ckpt, sets other unfinished runs aside
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from attnlab.errors import AttnlabError
-from attnlab.experiment.spec import SweepPoint, SweepSpec, as_cli_args, load_sweep, wandb_sweep_config
+from attnlab.errors import AttnlabError, ConfigError
+from attnlab.experiment.spec import (
+    SweepPoint, SweepSpec, as_cli_args, evaluation_checkpoint, load_sweep, wandb_sweep_config,
+)
 
 DESCRIPTION = "run a grid of experiments (skipping finished ones) and print their comparison table"
 
@@ -37,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("sweep_file", help="a sweep YAML (base, grid, fixed, evaluate), e.g. experiments/compare_families.yaml")
     parser.add_argument("--root", default="runs", help="where run folders go (default: runs)")
+    parser.add_argument("--seeds", type=int, metavar="N",
+                        help="run every point with seeds 0..N-1 (replaces the sweep file's `seeds:`), "
+                             "each in <point>/seed<k>/; the report shows mean +- std and intervals over them")
     parser.add_argument("--devices", help="GPU ids to spread runs over, one run per GPU at a time, e.g. 0,1,2,3 "
                                           "(default: every visible GPU when there are several, else one run at a time)")
     parser.add_argument("--export-wandb", metavar="FILE", help="write the grid as a wandb sweep config for `wandb agent` and exit")
@@ -47,35 +54,47 @@ def build_parser() -> argparse.ArgumentParser:
 def point_commands(spec: SweepSpec, point: SweepPoint, root: str, passthrough: list[str]) -> dict[str, list[str]]:
     """The fit command, then one test command per evaluation (its --ckpt_path is added at run time)."""
     configs = [arg for config in point.configs for arg in ("--config", str(config))]
-    common = configs + as_cli_args(point.overrides) + passthrough
-    run = ["--run.root", root, "--run.name", f"{spec.name}/{point.name}", "--run.group", spec.name]
+    seed = [] if point.seed is None else [f"--seed_everything={point.seed}"]
+    common = configs + as_cli_args(point.overrides) + seed + passthrough
+    run = ["--run.root", root, "--run.name", f"{spec.name}/{point.folder}", "--run.group", spec.name]
     commands = {"fit": ["fit", *common, *run, "--run.version", "fit"]}
-    for name, overrides in spec.evaluate.items():
+    for name, entry in spec.evaluate.items():
+        _, overrides = evaluation_checkpoint(entry)
         commands[name] = ["test", *common, *as_cli_args(overrides), *run, "--run.version", name]
     return commands
 
 
-def best_checkpoint(fit_dir: Path) -> Path:
-    """The checkpoint with the best val/nll (what ModelCheckpoint kept), else the last one."""
-    found = sorted((fit_dir / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-    last = fit_dir / "checkpoints" / "last.ckpt"
-    if found:
+def checkpoint_to_test(fit_dir: Path, which: str = "best", entry: str = "test") -> Path:
+    """best: what the best-by-run.monitor ModelCheckpoint kept (else last.ckpt); last; averaged
+    (CheckpointAveraging's, which the fit must have written)."""
+    folder = fit_dir / "checkpoints"
+    if which == "averaged":
+        averaged = folder / "averaged.ckpt"
+        if not averaged.is_file():
+            raise AttnlabError(f"evaluate.{entry}.checkpoint is averaged but {averaged} does not exist: add "
+                               "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging to the fit")
+        return averaged
+    last = folder / "last.ckpt"
+    found = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if which == "best" and found:
         return found[-1]
     if last.is_file():
         return last
     raise AttnlabError(f"{fit_dir} has no checkpoint to evaluate")
 
 
-def set_aside(point_dir: Path) -> Path | None:
-    """Move an unfinished point's folder under .incomplete/ so the rerun starts clean and nothing is lost."""
+def set_aside(point_dir: Path, sweep_dir: Path) -> Path | None:
+    """Move an unfinished run's folder to <sweep>/.incomplete/ so the rerun starts clean and nothing
+    is lost (a seed folder goes there as <point>,seed<k>-<n>)."""
     if not point_dir.exists():
         return None
-    parked = point_dir.parent / ".incomplete"
+    parked = sweep_dir / ".incomplete"
+    stem = ",".join(point_dir.relative_to(sweep_dir).parts)
     n = 1
-    while (parked / f"{point_dir.name}-{n}").exists():
+    while (parked / f"{stem}-{n}").exists():
         n += 1
     parked.mkdir(exist_ok=True)
-    return Path(shutil.move(str(point_dir), parked / f"{point_dir.name}-{n}"))
+    return Path(shutil.move(str(point_dir), parked / f"{stem}-{n}"))
 
 
 class SweepRunner:
@@ -85,7 +104,7 @@ class SweepRunner:
         self.devices = devices
 
     def point_dir(self, point: SweepPoint) -> Path:
-        return self.sweep_dir / point.name
+        return self.sweep_dir / point.folder
 
     def is_done(self, point: SweepPoint) -> bool:
         return (self.point_dir(point) / "done.json").is_file()
@@ -96,7 +115,7 @@ class SweepRunner:
         todo = [p for p in points if not self.is_done(p)]
         for p in points:
             if p not in todo:
-                print(f"[sweep] {p.name}: finished before, skipped")
+                print(f"[sweep] {p.folder}: finished before, skipped")
         if len(self.devices) > 1:
             free: queue.Queue = queue.Queue()
             for device in self.devices:
@@ -105,7 +124,7 @@ class SweepRunner:
                 results = list(pool.map(lambda p: self._run_on_free_device(p, free), todo))
         else:
             results = [self.run_point(p, self.devices[0] if self.devices else None) for p in todo]
-        return [p.name for p, ok in zip(todo, results) if not ok]
+        return [p.folder for p, ok in zip(todo, results) if not ok]
 
     def _run_on_free_device(self, point: SweepPoint, free: queue.Queue) -> bool:
         device = free.get()
@@ -115,14 +134,14 @@ class SweepRunner:
             free.put(device)
 
     def run_point(self, point: SweepPoint, device: str | None) -> bool:
-        folder = self.point_dir(point)
+        folder, label = self.point_dir(point), point.folder
         last = folder / "fit" / "checkpoints" / "last.ckpt"
         if last.is_file():  # the fit command (same --run.version) resumes from it; evaluations rerun
-            print(f"[sweep] {point.name}: resuming the unfinished earlier attempt from {last}")
+            print(f"[sweep] {label}: resuming the unfinished earlier attempt from {last}")
         else:
-            parked = set_aside(folder)
+            parked = set_aside(folder, self.sweep_dir)
             if parked:
-                print(f"[sweep] {point.name}: an unfinished earlier attempt was moved to {parked}")
+                print(f"[sweep] {label}: an unfinished earlier attempt was moved to {parked}")
         folder.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         if device is not None:
@@ -131,27 +150,32 @@ class SweepRunner:
         seconds = {}
         for stage, args in point_commands(self.spec, point, self.root, self.passthrough).items():
             if stage != "fit":
-                args = [*args, "--ckpt_path", str(best_checkpoint(folder / "fit"))]
+                which, _ = evaluation_checkpoint(self.spec.evaluate[stage])
+                try:
+                    args = [*args, "--ckpt_path", str(checkpoint_to_test(folder / "fit", which, stage))]
+                except AttnlabError as err:
+                    print(f"[sweep] {label}: {stage} failed: {err}", flush=True)
+                    return False
             where = f" on GPU {device}" if device is not None else ""
-            print(f"[sweep] {point.name}: {stage}{where}" + (f" (log: {log})" if log else ""), flush=True)
+            print(f"[sweep] {label}: {stage}{where}" + (f" (log: {log})" if log else ""), flush=True)
             started = time.perf_counter()
-            if not self._call(args, env, log):
-                print(f"[sweep] {point.name}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
+            if self._call(args, env, log) != 0:
+                print(f"[sweep] {label}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
                 return False
             seconds[stage] = round(time.perf_counter() - started, 1)
         swept = {key: point.overrides[key] for key in self.spec.grid}
-        done = {"point": point.name, "index": point.index, "configs": [str(c) for c in point.configs], "swept": swept,
-                "overrides": point.overrides, "seconds": seconds}
+        done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
+                "swept": swept, "overrides": point.overrides, "seconds": seconds}
         (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
         return True
 
     @staticmethod
-    def _call(args: list[str], env: dict, log: Path | None) -> bool:
+    def _call(args: list[str], env: dict, log: Path | None) -> int:
         command = [sys.executable, "-m", "attnlab", *args]
         if log is None:
-            return subprocess.call(command, env=env) == 0
+            return subprocess.call(command, env=env)
         with log.open("a") as out:
-            return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT) == 0
+            return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -162,6 +186,31 @@ def flag_value(args: list[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
+    """The checkpoint-selection options every run gets (fixed, grid or pass-through), checked once
+    before the first run instead of failing in every one: run.monitor must be a metric attnlab
+    logs in validation, run.patience an integer >= 1, run.monitor_mode min or max."""
+    from attnlab.modules.base import GENERATION_METRICS, LIKELIHOOD_METRICS
+    from attnlab.run_logging import RunOptions
+
+    known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | {"val/noise_low", "val/noise_high",
+                                                                             "val/noise_loss_var"}
+    values: dict[str, list] = {}
+    for key in ("monitor", "monitor_mode", "patience"):
+        given = [spec.fixed[f"run.{key}"]] if f"run.{key}" in spec.fixed else []
+        given += list(spec.grid.get(f"run.{key}", []))
+        flag = flag_value(passthrough, f"--run.{key}")
+        if flag is not None:
+            given = [int(flag) if key == "patience" and flag.lstrip("-").isdigit() else flag]
+        values[key] = given or [getattr(RunOptions, key)]
+    for monitor in values["monitor"]:
+        for mode in values["monitor_mode"]:
+            for patience in values["patience"]:
+                RunOptions(monitor=monitor, monitor_mode=mode, patience=patience)  # ConfigError naming the field
+        if monitor not in known:
+            raise ConfigError(f"run.monitor={monitor!r} is never logged: choose one of {', '.join(sorted(known))}")
 
 
 def visible_gpus() -> list[str]:
@@ -179,6 +228,11 @@ def sweep_main(argv: list[str]) -> int:
     if stray:
         raise AttnlabError(f"unknown option {stray[0]} (attnlab sweep --help lists the options)")
     spec = load_sweep(args.sweep_file)
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise ConfigError(f"--seeds {args.seeds}: must be at least 1 (the number of seeds, 0..N-1)")
+        spec.seeds = list(range(args.seeds))
+    check_run_options(spec, passthrough)
     if args.export_wandb:
         Path(args.export_wandb).write_text(yaml.safe_dump(wandb_sweep_config(spec), sort_keys=False))
         print(f"wrote {args.export_wandb}; start it with `wandb sweep {args.export_wandb}` and then `wandb agent <sweep id>`")
@@ -188,7 +242,7 @@ def sweep_main(argv: list[str]) -> int:
     if args.dry_run:
         for point in spec.points():
             for stage, command in point_commands(spec, point, args.root, passthrough).items():
-                print(f"{point.name} [{stage}]: attnlab {' '.join(command)}")
+                print(f"{point.folder} [{stage}]: attnlab {' '.join(command)}")
         return 0
     failed = runner.run()
     if any(runner.is_done(p) for p in spec.points()):

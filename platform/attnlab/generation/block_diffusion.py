@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.generation.decoder_only import left_pad, strip_after_eos
+from attnlab.generation.decoder_only import left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random")
@@ -44,7 +44,7 @@ def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: Sampling
 def sample_blocks(
     model,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | torch.Tensor,
     block_size: int,
     steps: int,
     eos_id: int,
@@ -54,7 +54,8 @@ def sample_blocks(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Generate after each prompt until every row has produced eos or `max_new_tokens` are out."""
+    """Generate after each prompt until every row has produced eos or its budget of tokens
+    (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
@@ -71,9 +72,10 @@ def sample_blocks(
         clean_positions = (valid.long().cumsum(1) - 1).clamp(min=0)
         next_position = valid.long().sum(1)
     offsets = torch.arange(block_size, device=device)
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    budgets = row_budgets(max_new_tokens, rows, device)
+    done = budgets <= 0
     blocks = []
-    for b in range((max_new_tokens + block_size - 1) // block_size):
+    for b in range((int(budgets.max()) + block_size - 1) // block_size if rows else 0):
         empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
         if use_cache:
             block = denoise_block(empty, cached_logits, steps, mask_id, sampling, unmasking, generator)
@@ -91,7 +93,9 @@ def sample_blocks(
             clean_positions = torch.cat((clean_positions, positions), dim=1)
             next_position = next_position + block_size
         blocks.append(block)
-        done = done | (block == eos_id).any(dim=1)
+        done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets)
         if bool(done.all()):
             break
-    return strip_after_eos(torch.cat(blocks, dim=1)[:, :max_new_tokens], eos_id)
+    if not blocks:
+        return [[] for _ in prompts]
+    return strip_after_eos(torch.cat(blocks, dim=1), eos_id, budgets)

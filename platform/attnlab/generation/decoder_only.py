@@ -18,18 +18,27 @@ def left_pad(prompts: list[list[int]], pad_id: int, device=None):
     return tokens, valid
 
 
-def strip_after_eos(rows: torch.Tensor, eos_id: int) -> list[list[int]]:
+def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | None = None) -> list[list[int]]:
+    """Each row up to its eos (excluded), and to at most its budget of tokens when given."""
     out = []
-    for row in rows.tolist():
+    limits = budgets.tolist() if budgets is not None else [None] * len(rows)
+    for row, limit in zip(rows.tolist(), limits):
+        row = row[:limit]
         out.append(row[: row.index(eos_id)] if eos_id in row else row)
     return out
+
+
+def row_budgets(max_new_tokens, rows: int, device) -> torch.Tensor:
+    """(rows,) token budgets from one int for the batch or one per row: a row's output never
+    depends on which other rows share its batch."""
+    return torch.as_tensor(max_new_tokens, dtype=torch.long, device=device).expand(rows).clone()
 
 
 @torch.no_grad()
 def generate(
     model,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | torch.Tensor,
     eos_id: int,
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
@@ -37,7 +46,8 @@ def generate(
     generator: torch.Generator | None = None,
     return_logits: bool = False,
 ):
-    """Continue each prompt until eos or `max_new_tokens`; returns token lists without eos.
+    """Continue each prompt until eos or its budget (`max_new_tokens`: one int, or one per row);
+    returns token lists without eos.
 
     With `use_cache=False` every step recomputes the whole sequence: the reference that the
     cached path must match. `return_logits` also returns the (B, steps, V) logits.
@@ -46,14 +56,15 @@ def generate(
     tokens, valid = left_pad(prompts, pad_id, device)
     state = model.new_state(len(prompts), device) if use_cache else None
     logits = model(tokens, valid, state)[:, -1]
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    budgets = row_budgets(max_new_tokens, len(prompts), device)
+    finished = budgets <= 0
     chosen, all_logits = [], []
-    for _ in range(max_new_tokens):
+    for step in range(int(budgets.max()) if len(prompts) else 0):
         all_logits.append(logits)
         next_token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
         chosen.append(next_token)
         step_valid = ~finished
-        finished = finished | (next_token == eos_id)
+        finished = finished | (next_token == eos_id) | (step + 1 >= budgets)
         if bool(finished.all()):
             break
         if use_cache:
@@ -62,12 +73,12 @@ def generate(
             tokens = torch.cat((tokens, next_token[:, None]), dim=1)
             valid = torch.cat((valid, step_valid[:, None]), dim=1)
             logits = model(tokens, valid)[:, -1]
-    out = strip_after_eos(torch.stack(chosen, dim=1), eos_id) if chosen else [[] for _ in prompts]
+    out = strip_after_eos(torch.stack(chosen, dim=1), eos_id, budgets) if chosen else [[] for _ in prompts]
     return (out, torch.stack(all_logits, dim=1)) if return_logits else out
 
 
 @torch.no_grad()
-def generate_beam(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int,
+def generate_beam(model, prompts: list[list[int]], max_new_tokens: int | torch.Tensor, eos_id: int, pad_id: int,
                   beam_size: int, alpha: float) -> list[list[int]]:
     """Beam search after the prompts: the prompt is run once per source, then its cache is
     copied to each beam."""
@@ -84,5 +95,4 @@ def generate_beam(model, prompts: list[list[int]], max_new_tokens: int, eos_id: 
             return pending.pop()
         return model(last_tokens, None, st)[:, -1].log_softmax(dim=-1)
 
-    max_lengths = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)
-    return beam_search(step, state, n, beam_size, pad_id, eos_id, max_lengths, alpha)
+    return beam_search(step, state, n, beam_size, pad_id, eos_id, row_budgets(max_new_tokens, n, device), alpha)

@@ -39,7 +39,7 @@ def translate_greedy(model, encoded, max_lengths: torch.Tensor, bos_id: int, eos
         finished = finished | (next_token == eos_id) | (t + 1 >= max_lengths)
         if bool(finished.all()):
             break
-    out = strip_after_eos(tokens[:, 1:], eos_id)
+    out = strip_after_eos(tokens[:, 1:], eos_id, max_lengths)
     return (out, torch.stack(all_logits, dim=1)) if return_logits else out
 
 

@@ -1,7 +1,7 @@
 """What every family's LightningModule shares: optimizer, schedule, metrics, logging, evaluation.
 
-A family subclass builds its nn.Module and implements three things: `loss_terms` (training
-loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (its name);
+A family subclass builds its nn.Module and implements three things: `loss_terms` (per-row
+training loss and NLL on a batch), `generate_ids` (hypotheses for a batch) and `family` (its name);
 `attention_weights` (one example's attention, for maps) is what attention maps need.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from attnlab.components import BackboneConfig
 from attnlab.errors import ConfigError
 from attnlab.generation import SamplingConfig
-from attnlab.modules.metrics import EvalMetrics
+from attnlab.modules.metrics import EvalMetrics, example_record
 from attnlab.modules.optim import OptimizerConfig, build_optimizer
 from data_modules.batch import SpecialIds, collate, Example
 
@@ -49,10 +49,32 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: fl
     return (1 - label_smoothing) * nll + label_smoothing * uniform, nll
 
 
-def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float):
-    """Summed training loss (label-smoothed) and summed NLL over the labelled positions."""
+def row_sums(rows: torch.Tensor, n_rows: int, *values: torch.Tensor) -> list[torch.Tensor]:
+    """Per-row sums (n_rows,) of per-token values, given each token's row: one index_add for all."""
+    out = values[0].new_zeros(n_rows, len(values))
+    out.index_add_(0, rows, torch.stack(values, dim=1))
+    return list(out.unbind(1))
+
+
+def target_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, labelled: torch.Tensor):
+    """Per-row training loss (label-smoothed) and NLL sums (B,) over the `labelled` positions of a
+    (B, L) layout, from the logits of those positions (N, V) and their labels (N,)."""
     smoothed, nll = token_losses(logits, labels, label_smoothing)
-    return smoothed.sum(), nll.sum()
+    return row_sums(labelled.nonzero()[:, 0], len(labelled), smoothed, nll)
+
+
+class LossTerms(NamedTuple):
+    """What a family's loss gives per batch: per-row sums, so evaluation can count every example
+    once (see `counted` in the batch) and save per-example likelihoods.
+
+    loss: training objective sums (B,); nll: negative log-likelihood sums in nats (B,) (a bound
+    for block diffusion); targets: target tokens per row (B,); inputs: tokens fed to the model.
+    """
+
+    loss: torch.Tensor
+    nll: torch.Tensor
+    targets: torch.Tensor
+    inputs: int
 
 
 class AttentionMap(NamedTuple):
@@ -62,6 +84,10 @@ class AttentionMap(NamedTuple):
     weights: torch.Tensor
     queries: list[str]
     keys: list[str]
+
+
+LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
+GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
 
 
 class FamilyModule(L.LightningModule):
@@ -112,11 +138,12 @@ class FamilyModule(L.LightningModule):
         })
         self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
         self.examples: list[tuple[str, str, str]] = []
+        self.example_records: list[dict] = []  # per-example values of a test / validate run (see attnlab.per_example)
         self.tokenizer = None  # set from the data module at setup, or from a checkpoint
 
     # ---- what a family provides -------------------------------------------------------------
-    def loss_terms(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """(training loss sum, NLL sum, number of target tokens, number of input tokens)."""
+    def loss_terms(self, batch: dict) -> LossTerms:
+        """Per-row training loss and NLL sums, target tokens per row, and the input tokens."""
         raise NotImplementedError
 
     def generate_ids(self, batch: dict) -> list[list[int]]:
@@ -133,6 +160,24 @@ class FamilyModule(L.LightningModule):
     def attention_stacks(self) -> dict:
         """The TransformerStacks by name, so head ablation can name modules `decoder.0.self`."""
         return {"decoder": self.model.stack}
+
+    def validation_metrics(self, generates: bool) -> list[str]:
+        """The keys every validation logs; `generates`: the data has sources to generate from."""
+        names = LIKELIHOOD_METRICS + (GENERATION_METRICS if generates and self.eval_every_n_epochs else ())
+        return [f"val/{name}" for name in names]
+
+    def check_monitor(self, key: str, datamodule=None) -> None:
+        """Fail before training on a monitor (run.monitor) that no validation of this run logs."""
+        val = datamodule.examples("val") if datamodule is not None else []
+        generates = not val or any(len(e.source) for e in val[:1])
+        known = self.validation_metrics(generates)
+        if key not in known:
+            raise ConfigError(f"run.monitor={key!r} is never logged by this {type(self).__name__} run: choose one "
+                              f"of {', '.join(known)}")
+        if key.rsplit("/", 1)[-1] in GENERATION_METRICS and self.eval_every_n_epochs != 1:
+            raise ConfigError(f"run.monitor={key!r} is a generation metric, logged only every "
+                              f"model.init_args.eval_every_n_epochs={self.eval_every_n_epochs} epochs: set "
+                              "--model.init_args.eval_every_n_epochs 1 to choose checkpoints by it")
 
     def reset_eval_noise(self) -> None:
         """Make the next evaluation draw the same noise as the last one (stochastic families)."""
@@ -235,10 +280,20 @@ class FamilyModule(L.LightningModule):
         self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        loss_sum, _, n_targets, n_inputs = self.loss_terms(batch)
-        loss = loss_sum / max(n_targets, 1)
-        self._step_tokens = n_inputs
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["target"]))
+        terms = self.loss_terms(batch)
+        loss_sum, n_targets = terms.loss.sum(), terms.targets.sum().to(terms.loss.dtype)
+        world = self.trainer.world_size
+        if world > 1:
+            # Normalise by the token count of the whole global batch, as one process holding it
+            # would: the strategy averages gradients over ranks, so each rank scales its sum by
+            # world / global tokens (fairseq's rule; per-rank means would weight ranks equally).
+            totals = self.trainer.strategy.reduce(torch.stack([loss_sum.detach(), n_targets]), reduce_op="sum")
+            loss = loss_sum * world / totals[1].clamp(min=1)
+            logged = totals[0] / totals[1].clamp(min=1)
+        else:
+            loss = logged = loss_sum / n_targets.clamp(min=1)
+        self._step_tokens = terms.inputs
+        self.log("train/loss", logged, prog_bar=True, batch_size=len(batch["target"]))
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
@@ -246,22 +301,39 @@ class FamilyModule(L.LightningModule):
         self.log("train/tokens_per_s", self._step_tokens / max(seconds, 1e-9), batch_size=1)
 
     def _evaluate(self, batch, metrics: EvalMetrics, generate: bool):
-        loss_sum, nll_sum, n_targets, _ = self.loss_terms(batch)
-        metrics.update_likelihood(loss_sum, nll_sum, n_targets)
-        if not generate or self.tokenizer is None or batch["source"].shape[1] == 0:
-            return
-        started = time.perf_counter()
-        with self._eager_generation():
-            ids = self.generate_ids(batch)
-        seconds = time.perf_counter() - started
-        hypotheses = self.tokenizer.decode_batch(ids)
-        metrics.update_generation(hypotheses, batch["target_text"], sum(len(i) + 1 for i in ids), seconds)
-        if len(self.examples) < self.num_examples:
-            for triple in zip(batch["source_text"], batch["target_text"], hypotheses):
-                self.examples.append(triple)
+        """Likelihood of every counted row (a distributed sampler's padding rows are not counted),
+        generation metrics, and the per-example records `attnlab test` and `validate` save."""
+        terms = self.loss_terms(batch)
+        n_rows = len(batch["target_text"])
+        counted = batch.get("counted")
+        keep = counted.tolist() if counted is not None else [True] * n_rows
+        rows = torch.tensor([i for i, k in enumerate(keep) if k], dtype=torch.long, device=terms.nll.device)
+        n_bytes = torch.tensor([len(t.encode("utf-8")) for t in batch["target_text"]], device=terms.nll.device)
+        metrics.update_likelihood(terms.loss[rows], terms.nll[rows], terms.targets[rows], n_bytes[rows])
+        hypotheses = None
+        if generate and self.tokenizer is not None and batch["source"].shape[1] > 0:
+            started = time.perf_counter()
+            with self._eager_generation():
+                ids = self.generate_ids(batch)
+            seconds = time.perf_counter() - started
+            hypotheses = self.tokenizer.decode_batch(ids)
+            kept = [i for i, k in enumerate(keep) if k]
+            # Throughput counts every generated row (padding rows cost time too); quality, counted rows.
+            metrics.update_generation([hypotheses[i] for i in kept], [batch["target_text"][i] for i in kept],
+                                      sum(len(i) + 1 for i in ids), seconds)
+            if len(self.examples) < self.num_examples:
+                self.examples.extend(zip(batch["source_text"], batch["target_text"], hypotheses))
+        if self.trainer.state.fn in ("test", "validate"):
+            index = batch["index"].tolist() if "index" in batch else range(len(self.example_records), len(self.example_records) + n_rows)
+            nll, tokens = terms.nll.tolist(), terms.targets.tolist()
+            for i, (position, k) in enumerate(zip(index, keep)):
+                if k:
+                    self.example_records.append(example_record(
+                        position, batch["source_text"][i], batch["target_text"][i],
+                        None if hypotheses is None else hypotheses[i], nll[i], tokens[i], int(n_bytes[i])))
 
     def on_validation_epoch_start(self):
-        self.examples = []
+        self.examples, self.example_records = [], []
 
     def validation_step(self, batch, batch_idx):
         generate = not self.trainer.sanity_checking and (self._generation_epoch() or self.trainer.state.fn == "validate")
@@ -279,7 +351,7 @@ class FamilyModule(L.LightningModule):
         self.val_metrics.reset()
 
     def on_test_epoch_start(self):
-        self.examples = []
+        self.examples, self.example_records = [], []
 
     def test_step(self, batch, batch_idx):
         self._evaluate(batch, self.test_metrics, generate=True)
@@ -289,11 +361,16 @@ class FamilyModule(L.LightningModule):
         self.test_metrics.reset()
 
     def predict_step(self, batch, batch_idx):
+        """Rows for predictions.jsonl; a distributed sampler's padding rows are dropped, and `index`
+        lets the CLI put every rank's rows back in the split's order."""
         with self._eager_generation():
             hypotheses = self.tokenizer.decode_batch(self.generate_ids(batch))
+        n = len(hypotheses)
+        index = batch["index"].tolist() if "index" in batch else list(range(n))
+        keep = batch["counted"].tolist() if "counted" in batch else [True] * n
         return [
-            {"source": s, "reference": r, "hypothesis": h}
-            for s, r, h in zip(batch["source_text"], batch["target_text"], hypotheses)
+            {"index": i, "source": s, "reference": r, "hypothesis": h}
+            for i, k, s, r, h in zip(index, keep, batch["source_text"], batch["target_text"], hypotheses) if k
         ]
 
     # ---- attention maps ------------------------------------------------------------------------

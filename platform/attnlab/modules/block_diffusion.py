@@ -15,7 +15,7 @@ from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
-from attnlab.modules.base import AttentionMap, FamilyModule, token_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, row_sums, token_losses
 
 
 def _check_range(name: str, value) -> tuple[float, float]:
@@ -101,19 +101,20 @@ class BlockDiffusion(FamilyModule):
         logits = self.model.logits(hidden[masked]).float()
         smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
         weight = 1.0 / t_token[masked]
-        rows = masked.nonzero()[:, 0]
-        per_row = torch.zeros(len(target), 2, device=target.device, dtype=logits.dtype)
-        per_row.index_add_(0, rows, torch.stack((smoothed * weight, nll * weight), dim=1))
-        return per_row[:, 0], per_row[:, 1]
+        return row_sums(masked.nonzero()[:, 0], len(target), smoothed * weight, nll * weight)
 
     def loss_terms(self, batch):
         frame = self._frame(batch)
         low, high = self.train_noise.tolist() if self.training else (self.eval_noise_floor, 1.0)
         loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device))
         n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
-        return loss.sum(), nll.sum(), int(frame.n_targets.sum()), n_inputs
+        return LossTerms(loss, nll, frame.n_targets, n_inputs)
 
     # ---- noise-range search -------------------------------------------------------------------------
+    def validation_metrics(self, generates: bool) -> list[str]:
+        searched = ["val/noise_low", "val/noise_high", "val/noise_loss_var"] if self.noise_candidates else []
+        return super().validation_metrics(generates) + searched
+
     def reset_eval_noise(self) -> None:
         self._eval_noise = None
 
@@ -154,7 +155,10 @@ class BlockDiffusion(FamilyModule):
         best = min(variances, key=variances.get)
         self.train_noise.copy_(torch.tensor(self.noise_candidates[best]))
         low, high = self.noise_candidates[best]
-        self.log_dict({"val/noise_low": low, "val/noise_high": high, "val/noise_loss_var": variances[best]}, batch_size=1)
+        every = {f"val/noise_var_{i}": v for i, v in variances.items()}  # candidate i of noise_search
+        # Already reduced over ranks (identical everywhere): sync_dist only tells Lightning so.
+        self.log_dict({"val/noise_low": low, "val/noise_high": high, "val/noise_loss_var": variances[best], **every},
+                      batch_size=1, sync_dist=True)
 
     # ---- attention maps -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,7 +189,7 @@ class BlockDiffusion(FamilyModule):
     def generate_ids(self, batch):
         ids = self.special
         prompts = prompts_of(batch, ids.bos, ids.sep)
-        max_new = self.max_output_length(int(batch["source_lengths"].max()))
+        max_new = self.max_output_length(batch["source_lengths"])  # one budget per row
         return sample_blocks(
             self.model, prompts, max_new, self.block_size, self.denoising_steps, ids.eos, ids.pad,
             self.sampling, self.unmasking,

@@ -6,7 +6,7 @@ import torch
 from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
-from attnlab.modules.base import AttentionMap, FamilyModule, target_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, target_losses
 
 
 class DecoderOnly(FamilyModule):
@@ -25,9 +25,8 @@ class DecoderOnly(FamilyModule):
         labelled = labels != IGNORE
         # Project only labelled positions: the prompt needs no output distribution.
         logits = self.model.stack.embedding.logits(hidden[labelled])
-        loss_sum, nll_sum = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing)
-        n_inputs = int((tokens != ids.pad).sum())
-        return loss_sum, nll_sum, int(labelled.sum()), n_inputs
+        loss, nll = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing, labelled)
+        return LossTerms(loss, nll, labelled.sum(1), int((tokens != ids.pad).sum()))
 
     def positions_needed(self, source_length: int, target_length: int) -> int:
         if source_length == 0:  # plain LM: [bos] target, no generation
@@ -37,7 +36,7 @@ class DecoderOnly(FamilyModule):
 
     def generate_ids(self, batch):
         prompts = prompts_of(batch, self.special.bos, self.special.sep)
-        max_new = self.max_output_length(int(batch["source_lengths"].max()))
+        max_new = self.max_output_length(batch["source_lengths"])  # one budget per row
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
             return generate_beam(self.model, prompts, max_new, ids.eos, ids.pad, cfg.beam_size, cfg.length_penalty)

@@ -7,7 +7,7 @@ from attnlab.errors import ConfigError
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from attnlab.models.encoder_decoder import EncoderDecoderModel
 from attnlab.models.framing import IGNORE, frame_source_target
-from attnlab.modules.base import AttentionMap, FamilyModule, target_losses
+from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, target_losses
 
 
 class EncoderDecoder(FamilyModule):
@@ -38,9 +38,9 @@ class EncoderDecoder(FamilyModule):
         hidden, _ = self.model.decode(decoder_in, encoded)
         labelled = labels != IGNORE
         logits = self.model.logits(hidden[labelled])
-        loss_sum, nll_sum = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing)
+        loss, nll = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing, labelled)
         n_inputs = int(source_valid.sum()) + int((decoder_in != self.special.pad).sum())
-        return loss_sum, nll_sum, int(labelled.sum()), n_inputs
+        return LossTerms(loss, nll, labelled.sum(1), n_inputs)
 
     def positions_needed(self, source_length: int, target_length: int) -> int:
         return max(source_length + 1, target_length + 1, self.max_output_length(source_length))

@@ -1,0 +1,86 @@
+"""Which rows of a report differ significantly from a column's best row, on the same test examples.
+
+The pairs are (seed, example): seed k of a row with seed k of the best row, example i with
+example i, from the examples.jsonl each `attnlab test` saves; only seeds that both rows ran
+are used. BLEU and chrF go to sacreBLEU's paired bootstrap resampling over the pooled
+hypotheses; nll (when both rows count the same target tokens per example), bpb (same reference
+bytes) and exact match go to a sign-flip permutation test on the per-example differences,
+whose mean is exactly the difference of the two corpus-level numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnlab.experiment.stats import paired_permutation_p, sacrebleu_paired_p
+
+PER_EXAMPLE = {"nll": "nll", "bpb": "bits", "exact_match": "exact"}
+
+
+@dataclass
+class ColumnTest:
+    best: str | None
+    p_values: dict[str, float | None] = field(default_factory=dict)  # row -> p against the best (best excluded)
+    skipped: dict[str, str] = field(default_factory=dict)  # row -> why it was not tested
+
+
+def _pooled(point, evaluation: str, seeds: list) -> list[dict] | None:
+    """The examples of `seeds` (in that order) concatenated, or None if a seed saved none."""
+    by_seed = {r.seed: r for r in point.records}
+    pooled = []
+    for seed in seeds:
+        examples = by_seed[seed].examples(evaluation)
+        if not examples:
+            return None
+        pooled.extend(examples)
+    return pooled
+
+
+def test_column(points, evaluation: str, metric: str, means: dict[str, float], higher_is_better: bool) -> ColumnTest:
+    """Test every row of `points` against the best mean of `metric` in `evaluation`."""
+    if not means:
+        return ColumnTest(None)
+    best_name = (max if higher_is_better else min)(means, key=means.get)
+    best = next(p for p in points if p.name == best_name)
+    out = ColumnTest(best_name)
+    systems, references, baseline = {}, None, None
+    for point in points:
+        if point.name == best_name or point.name not in means:
+            continue
+        seeds = [s for s in point.seeds if s in set(best.seeds)]
+        mine, theirs = (_pooled(p, evaluation, seeds) for p in (point, best)) if seeds else (None, None)
+        if not mine or not theirs:
+            out.skipped[point.name] = "no per-example values (examples.jsonl) for shared seeds"
+            continue
+        if [(e["index"], e["reference"]) for e in mine] != [(e["index"], e["reference"]) for e in theirs]:
+            out.skipped[point.name] = "different test examples"
+            continue
+        if metric in ("bleu", "chrf"):
+            if "hypothesis" not in mine[0] or "hypothesis" not in theirs[0]:
+                out.skipped[point.name] = "no generations saved"
+                continue
+            if [e["hypothesis"] for e in mine] == [e["hypothesis"] for e in theirs]:
+                # The same outputs: no difference at all. (sacreBLEU's bootstrap counts resampled
+                # differences strictly above the observed 0, so it would answer p = 1 / 1001.)
+                out.p_values[point.name] = 1.0
+                continue
+            # sacreBLEU pairs one baseline with many systems; pooled rows must line up with it.
+            if baseline is None or len(theirs) == len(baseline):
+                baseline = baseline or [e["hypothesis"] for e in theirs]
+                references = references or [e["reference"] for e in theirs]
+                if len(mine) == len(baseline):
+                    systems[point.name] = [e["hypothesis"] for e in mine]
+                    continue
+            out.skipped[point.name] = "a different set of seeds than the other rows"
+            continue
+        field_name = PER_EXAMPLE[metric]
+        if metric == "nll" and [e["tokens"] for e in mine] != [e["tokens"] for e in theirs]:
+            out.skipped[point.name] = "other tokenization: compare bpb"
+            continue
+        if field_name not in mine[0] or field_name not in theirs[0]:
+            out.skipped[point.name] = "no generations saved"
+            continue
+        out.p_values[point.name] = paired_permutation_p([float(e[field_name]) for e in mine],
+                                                        [float(e[field_name]) for e in theirs])
+    if systems:
+        out.p_values.update(sacrebleu_paired_p(metric, references, baseline, systems))
+    return out

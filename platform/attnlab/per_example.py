@@ -1,0 +1,55 @@
+"""Per-example values of `attnlab test` / `validate`: examples.jsonl in the run folder.
+
+Paired significance tests compare two systems example by example (sacreBLEU's paired bootstrap
+for BLEU / chrF, a paired permutation test for NLL, bits per byte and exact match), so every
+evaluation keeps, for each example of the split: its index, source, reference, hypothesis,
+NLL in nats and in bits (a bound for block diffusion), target tokens, reference bytes and
+whether it matched exactly. Under DDP every rank's share is gathered and rank zero writes one
+file in split order.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+FILE = "examples.jsonl"
+
+
+class PerExampleWriter(Callback):
+    """Writes the module's `example_records` at the end of a test or validate run (not in `fit`)."""
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self._write(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "validate":
+            self._write(trainer, pl_module)
+
+    def _write(self, trainer, pl_module) -> None:
+        records = list(getattr(pl_module, "example_records", []))
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and trainer.world_size > 1:
+            shares: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shares, records)
+            records = [r for share in shares for r in share]
+        log_dir = trainer.log_dir  # a collective under DDP: every rank asks
+        if trainer.is_global_zero and log_dir and records:
+            write_examples(Path(log_dir) / FILE, records)
+
+
+def write_examples(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for record in sorted(records, key=lambda r: r["index"]):
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_examples(folder: Path) -> list[dict] | None:
+    """The records of a run folder's examples.jsonl, in split order, or None if it has none."""
+    path = Path(folder) / FILE
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
