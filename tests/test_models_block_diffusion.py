@@ -214,3 +214,25 @@ def test_a_batch_with_nothing_masked_still_backpropagates():
     loss, _ = module.nelbo_terms(f, 0, 1, t=torch.full((2, 3), 1e-9))
     assert float(loss.sum()) == 0.0
     loss.sum().backward()  # a zero loss, but one with a graph: Lightning's backward must not fail
+
+
+@torch.no_grad()
+def test_an_examples_evaluation_bound_does_not_depend_on_its_batch():
+    """Evaluation batches carry each example's split index, which seeds that example's noise: the
+    same example gets the same NELBO alone, beside a longer example (more padding, more blocks)
+    and in another position, so the bound is the same at any eval batch size or number of ranks."""
+    from data_modules.batch import Example, collate_indexed
+
+    module = tiny_module(block_size=2)
+    examples = [Example([7, 8, 9], [20, 21, 22], "", ""), Example([11], [25, 26], "", ""),
+                Example([7, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26], "", "")]
+
+    def nll_by_index(order):
+        batch = collate_indexed([(i, True, examples[i]) for i in order], PAD)
+        return dict(zip(order, module.loss_terms(batch).nll.tolist()))
+
+    alone = {i: nll_by_index([i])[i] for i in range(3)}
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2]):
+        for i, value in nll_by_index(order).items():
+            assert value == pytest.approx(alone[i], rel=1e-5), (order, i)
+    assert len({round(v, 6) for v in alone.values()}) == 3

@@ -87,6 +87,29 @@ def test_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
     assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
 
 
+def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_best(tmp_path):
+    """Best row seeds 0-2, one row 0-1, one row 1-2: each is tested against the best row's outputs
+    of its own seeds (a baseline per seed set), as the sacrebleu command on those seeds says; a
+    seedless run next to seeded ones stays a row of its own."""
+    root = tmp_path / "runs" / "mixed"
+    outputs = {(name, seed): _corrupt(REFERENCES, share, seed=10 * i + seed)
+               for i, (name, share) in enumerate((("best", 0.3), ("early", 0.45), ("late", 0.4)))
+               for seed in (0, 1, 2)}
+    for (name, seed), hypotheses in outputs.items():
+        if (name, seed) not in (("early", 2), ("late", 0)):
+            _write_run(root, name, seed, ("best", "early", "late").index(name), hypotheses, [5.0] * len(REFERENCES))
+    rows = {row["run"]: row for row in _report(root)}
+    for name, seeds in (("early", (0, 1)), ("late", (1, 2))):
+        expected = _cli_p_values(tmp_path, REFERENCES * 2, sum((outputs["best", s] for s in seeds), []),
+                                 sum((outputs[name, s] for s in seeds), []))
+        assert rows[name]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5), name
+    from attnlab.experiment.report import group_points
+    from attnlab.experiment.runs import RunRecord
+
+    records = [RunRecord("p", root, "f", [], seed=s) for s in (None, 0, 1)]
+    assert [(p.name, p.seeds) for p in group_points(records)] == [("p (no seed)", [None]), ("p", [0, 1])]
+
+
 def test_two_identical_systems_are_not_significantly_different(tmp_path):
     root = tmp_path / "runs" / "same"
     hypotheses = _corrupt(REFERENCES, 0.4, seed=1)

@@ -315,7 +315,7 @@ CONTRACTIONS = {("in", "dem"): "im", ("zu", "dem"): "zum", ("zu", "der"): "zur",
 _ANY = ("present", "past", "perfect", "can", "must", "want")
 ADVERBS: tuple[Adverb, ...] = (
     Adverb("today", "heute", _ANY),
-    Adverb("yesterday", "gestern", ("past", "perfect")),
+    Adverb("yesterday", "gestern", ("past",)),  # English takes no present perfect with "yesterday"
     Adverb("tomorrow", "morgen", ("present", "can", "must", "want")),
     Adverb("often", "oft", _ANY),
     Adverb("sometimes", "manchmal", _ANY),

@@ -3,8 +3,8 @@
 The draws keep every English sentence unambiguous, so it has one German translation: a
 clause-level prepositional phrase never follows an object that carries a relative clause (it
 could belong to either), relative clauses hold no complement or adverbial clause, and a
-negated clause has no indefinite subject or object ("does not see a dog" is "sieht keinen
-Hund", and "no dog does not sleep" is a double negation).
+negated clause has no indefinite noun phrase ("does not see a dog" is "sieht keinen Hund",
+and "no dog does not sleep" is a double negation).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class GrammarSampler:
         last_object = accusative or dative
         prep = None
         if frame not in ("that", "whether") and rng.random() < self.p_prep and not (last_object and last_object.relative):
-            prep = PrepPhrase(rng.choice(PREPOSITIONS), self.noun_phrase(NOUNS, relative=False))
+            prep = PrepPhrase(rng.choice(PREPOSITIONS), self.noun_phrase(NOUNS, relative=False, definite=negated))
         complement = self.clause(INNER_FRAMES) if frame in ("that", "whether") else None
         return Clause(verb, tense, subject, dative, accusative, negated, prep, complement, gap)
 

@@ -14,7 +14,7 @@ from data_modules.base import Pairs, TokenizedDataModule, check_positive
 from data_modules.grammar.sampler import GrammarSampler
 from data_modules.grammar.syntax import english, german
 
-FORMAT = "grammar-v1"  # bump when the grammar or the lexicon changes what a seed draws
+FORMAT = "grammar-v2"  # bump when the grammar or the lexicon changes what a seed draws
 
 
 def grammar_pairs(seed: int, counts: dict[str, int], max_words: int, **probabilities) -> dict[str, Pairs]:

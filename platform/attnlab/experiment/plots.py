@@ -73,8 +73,12 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
                 continue
             steps = sorted(by_step)
             summaries = [summarize(by_step[s]) for s in steps]
-            line, = ax.plot(steps, [s.mean for s in summaries], label=p.name, marker="." if key.startswith("val") else None)
-            if any(s.low is not None for s in summaries):
+            means = [s.mean for s in summaries]
+            if key.startswith("val"):  # a few evaluations: points with error bars
+                ax.errorbar(steps, means, yerr=[_half_width(s) for s in summaries], label=p.name, marker=".", capsize=3)
+                continue
+            line, = ax.plot(steps, means, label=p.name)
+            if any(s.low is not None for s in summaries):  # the 95 % band over seeds
                 ax.fill_between(steps, [s.low if s.low is not None else s.mean for s in summaries],
                                 [s.high if s.high is not None else s.mean for s in summaries], alpha=0.2, color=line.get_color())
         ax.set_xlabel("step")

@@ -80,9 +80,13 @@ def generation_speed(record: RunRecord) -> float | None:
 
 
 def group_points(records: list[RunRecord]) -> list[Point]:
+    """Runs of one grid point form a row; a run without a seed next to seeded ones (an older
+    seedless sweep rerun with seeds) is a row of its own, never pooled with them."""
+    seeded = {r.name for r in records if r.seed is not None}
     points: dict[str, Point] = {}
     for record in records:
-        points.setdefault(record.name, Point(record.name, [])).records.append(record)
+        name = f"{record.name} (no seed)" if record.seed is None and record.name in seeded else record.name
+        points.setdefault(name, Point(name, [])).records.append(record)
     return list(points.values())
 
 
@@ -172,10 +176,18 @@ def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
         f"{', '.join(map(str, seeds))}. Unmarked rows are not significantly different from the best.",
         "",
     ]
+    by_name = {p.name: p for p in points}
+    overlapping = False
     for column in tested:
         tests = column.tests
-        best = column.summary(next(p for p in points if p.name == tests.best))
-        worse = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p < ALPHA]
+        best = column.summary(by_name[tests.best])
+        worse = []
+        for name, p in tests.p_values.items():
+            if p is not None and p < ALPHA:
+                mine = column.summary(by_name[name])
+                overlap = best.low is not None and mine.low is not None and mine.low <= best.high and best.low <= mine.high
+                overlapping |= overlap
+                worse.append(f"{name} (p = {p:.3g}{'; intervals over seeds overlap' if overlap else ''})")
         same = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p >= ALPHA]
         parts = [f"- **{column.header}**: best {tests.best} ({column.fmt(best.mean)})"]
         parts.append(f"significantly different: {', '.join(worse)}" if worse else "no row significantly different")
@@ -184,6 +196,11 @@ def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
         if tests.skipped:
             parts.append("not tested: " + ", ".join(f"{n} ({why})" for n, why in tests.skipped.items()))
         lines.append("; ".join(parts) + ".")
+    if overlapping:
+        lines += ["", "The paired tests compare these trained models on these test examples. Where a row differs "
+                  "significantly but its 95 % interval over seeds overlaps the best row's, the gap is real for "
+                  "these seeds, yet the seed-to-seed spread is as large: more seeds would tell whether another "
+                  "training run keeps the order."]
     return lines
 
 

@@ -5,7 +5,8 @@ example i, from the examples.jsonl each `attnlab test` saves; only seeds that bo
 are used. BLEU and chrF go to sacreBLEU's paired bootstrap resampling over the pooled
 hypotheses; nll (when both rows count the same target tokens per example), bpb (same reference
 bytes) and exact match go to a sign-flip permutation test on the per-example differences,
-whose mean is exactly the difference of the two corpus-level numbers.
+whose mean is proportional to the difference of the two corpus-level numbers (equal to it for
+exact match; nll and bpb divide the summed difference by the shared token or byte total).
 """
 from __future__ import annotations
 
@@ -42,45 +43,43 @@ def test_column(points, evaluation: str, metric: str, means: dict[str, float], h
     best_name = (max if higher_is_better else min)(means, key=means.get)
     best = next(p for p in points if p.name == best_name)
     out = ColumnTest(best_name)
-    systems, references, baseline = {}, None, None
+    # sacreBLEU tests many systems against one baseline: one call per set of shared seeds, so
+    # seed k of every row meets seed k of the best row.
+    by_seeds: dict[tuple, dict[str, list[str]]] = {}
     for point in points:
         if point.name == best_name or point.name not in means:
             continue
-        seeds = [s for s in point.seeds if s in set(best.seeds)]
-        mine, theirs = (_pooled(p, evaluation, seeds) for p in (point, best)) if seeds else (None, None)
+        seeds = tuple(s for s in point.seeds if s in set(best.seeds))
+        if not seeds:
+            out.skipped[point.name] = "no seed in common with the best row"
+            continue
+        mine, theirs = _pooled(point, evaluation, list(seeds)), _pooled(best, evaluation, list(seeds))
         if not mine or not theirs:
             out.skipped[point.name] = "no per-example values (examples.jsonl) for shared seeds"
             continue
         if [(e["index"], e["reference"]) for e in mine] != [(e["index"], e["reference"]) for e in theirs]:
             out.skipped[point.name] = "different test examples"
             continue
+        field_name = "hypothesis" if metric in ("bleu", "chrf") else PER_EXAMPLE[metric]
+        if field_name not in mine[0] or field_name not in theirs[0]:
+            out.skipped[point.name] = "no generations saved"
+            continue
         if metric in ("bleu", "chrf"):
-            if "hypothesis" not in mine[0] or "hypothesis" not in theirs[0]:
-                out.skipped[point.name] = "no generations saved"
-                continue
             if [e["hypothesis"] for e in mine] == [e["hypothesis"] for e in theirs]:
                 # The same outputs: no difference at all. (sacreBLEU's bootstrap counts resampled
                 # differences strictly above the observed 0, so it would answer p = 1 / 1001.)
                 out.p_values[point.name] = 1.0
-                continue
-            # sacreBLEU pairs one baseline with many systems; pooled rows must line up with it.
-            if baseline is None or len(theirs) == len(baseline):
-                baseline = baseline or [e["hypothesis"] for e in theirs]
-                references = references or [e["reference"] for e in theirs]
-                if len(mine) == len(baseline):
-                    systems[point.name] = [e["hypothesis"] for e in mine]
-                    continue
-            out.skipped[point.name] = "a different set of seeds than the other rows"
+            else:
+                by_seeds.setdefault(seeds, {})[point.name] = [e["hypothesis"] for e in mine]
             continue
-        field_name = PER_EXAMPLE[metric]
         if metric == "nll" and [e["tokens"] for e in mine] != [e["tokens"] for e in theirs]:
             out.skipped[point.name] = "other tokenization: compare bpb"
             continue
-        if field_name not in mine[0] or field_name not in theirs[0]:
-            out.skipped[point.name] = "no generations saved"
-            continue
         out.p_values[point.name] = paired_permutation_p([float(e[field_name]) for e in mine],
                                                         [float(e[field_name]) for e in theirs])
-    if systems:
-        out.p_values.update(sacrebleu_paired_p(metric, references, baseline, systems))
+    for seeds, systems in by_seeds.items():
+        theirs = _pooled(best, evaluation, list(seeds))
+        out.p_values.update(sacrebleu_paired_p(metric, [e["reference"] for e in theirs],
+                                               [e["hypothesis"] for e in theirs], systems))
+    out.p_values = {p.name: out.p_values[p.name] for p in points if p.name in out.p_values}  # table order
     return out

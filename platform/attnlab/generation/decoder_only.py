@@ -29,8 +29,9 @@ def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | Non
 
 
 def row_budgets(max_new_tokens, rows: int, device) -> torch.Tensor:
-    """(rows,) token budgets from one int for the batch or one per row: a row's output never
-    depends on which other rows share its batch."""
+    """(rows,) token budgets from one int for the batch or one per row, so a row's length limit
+    never depends on which other rows share its batch (greedy and beam outputs then do not
+    either; sampled ones still share the batch's random stream)."""
     return torch.as_tensor(max_new_tokens, dtype=torch.long, device=device).expand(rows).clone()
 
 

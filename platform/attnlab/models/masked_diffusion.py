@@ -27,13 +27,40 @@ def sample_block_times(
     return (low + (high - low) * u).view(n_rows, n_blocks)
 
 
+def example_noise(seeds: list[int], blocks: torch.Tensor, low: float, high: float, antithetic: bool = True):
+    """Evaluation noise that belongs to each example, not to its batch: row r draws its block times
+    (stratified over its own blocks) and its masking uniforms from a generator seeded by seeds[r]
+    (its index in the split), for its own blocks and positions only. So an example's NELBO is the
+    same in any batch, at any eval batch size and on any number of ranks.
+
+    Returns t (B, n_blocks) and the masking uniforms (B, L) for `mask_blocks`.
+    """
+    rows, length = blocks.shape
+    n_blocks = max(int(blocks.max()) if blocks.numel() else 0, 1)
+    t = torch.ones(rows, n_blocks)
+    draw = torch.ones(rows, length)  # padding: never below t where it matters (it is masked out anyway)
+    for r, (seed, row) in enumerate(zip(seeds, blocks.cpu())):
+        generator = torch.Generator().manual_seed(int(seed))
+        real = row >= 0
+        mine = int(row.max()) if bool(real.any()) else 0
+        if mine:
+            u = torch.rand(mine, generator=generator)
+            if antithetic and mine > 1:
+                u = (u + torch.randperm(mine, generator=generator)) / mine
+            t[r, :mine] = low + (high - low) * u
+        draw[r, real] = torch.rand(int(real.sum()), generator=generator)
+    return t.to(blocks.device), draw.to(blocks.device)
+
+
 def mask_blocks(tokens: torch.Tensor, blocks: torch.Tensor, t: torch.Tensor, mask_id: int,
-                generator: torch.Generator | None = None):
-    """Mask each token of target block b (1-based; -1 = padding) with probability t[:, b - 1].
+                generator: torch.Generator | None = None, draw: torch.Tensor | None = None):
+    """Mask each token of target block b (1-based; -1 = padding) with probability t[:, b - 1]
+    (`draw`: the uniforms to compare with t, else drawn from `generator`).
 
     Returns the noisy tokens, the masked positions and each token's t, all (B, L).
     """
     t_token = t.gather(1, (blocks - 1).clamp(min=0))
-    draw = torch.rand(tokens.shape, generator=generator, device=tokens.device)
+    if draw is None:
+        draw = torch.rand(tokens.shape, generator=generator, device=tokens.device)
     masked = (draw < t_token) & (blocks >= 0)
     return torch.where(masked, mask_id, tokens), masked, t_token

@@ -14,7 +14,7 @@ from attnlab.errors import ConfigError
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
-from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
+from attnlab.models.masked_diffusion import example_noise, mask_blocks, sample_block_times
 from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, row_sums, token_losses
 
 
@@ -81,32 +81,41 @@ class BlockDiffusion(FamilyModule):
         return frame_blocks(batch, ids.bos, ids.sep, ids.eos, ids.pad, self.block_size)
 
     def _generator(self, device) -> torch.Generator | None:
-        """Evaluation draws its noise from a generator reseeded every epoch: val/nll is comparable
-        across epochs and checkpoints. Training uses the global stream (seed_everything)."""
+        """Evaluation without example indices (direct calls, head ablation) draws its noise from a
+        generator reseeded every epoch; batches from a data module use each example's own seed
+        (`example_noise`). Either way val/nll compares across epochs and checkpoints. Training
+        uses the global stream (seed_everything)."""
         if self.training:
             return None
         if self._eval_noise is None or self._eval_noise.device != device:
             self._eval_noise = torch.Generator(device).manual_seed(0)
         return self._eval_noise
 
-    def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None):
+    def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None, seeds=None):
         """Per-row weighted training loss and NLL sums (B,) under t ~ U[low, high] per block
-        (or the given (B, n_blocks) t)."""
+        (or the given (B, n_blocks) t); `seeds` (evaluation): each row's noise from its own seed."""
         target, blocks, positions = frame.target_view()
-        if t is None:
+        draw = None
+        if seeds is not None:
+            t, draw = example_noise(seeds, blocks, low, high, self.antithetic)
+        elif t is None:
             n_blocks = target.shape[1] // self.block_size
             t = sample_block_times(len(target), n_blocks, low, high, self.antithetic, generator, target.device)
-        noisy, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator)
+        noisy, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator, draw)
         hidden = self.model.denoise(noisy, blocks, positions, frame.clean, frame.clean_blocks)
         logits = self.model.logits(hidden[masked]).float()
         smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
         weight = 1.0 / t_token[masked]
         return row_sums(masked.nonzero()[:, 0], len(target), smoothed * weight, nll * weight)
 
+    def _eval_seeds(self, batch) -> list[int] | None:
+        """Evaluation batches from a data module carry each example's index: its noise seed."""
+        return None if self.training or "index" not in batch else batch["index"].tolist()
+
     def loss_terms(self, batch):
         frame = self._frame(batch)
         low, high = self.train_noise.tolist() if self.training else (self.eval_noise_floor, 1.0)
-        loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device))
+        loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device), seeds=self._eval_seeds(batch))
         n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
         return LossTerms(loss, nll, frame.n_targets, n_inputs)
 
@@ -131,9 +140,12 @@ class BlockDiffusion(FamilyModule):
         super().validation_step(batch, batch_idx)
         if self.noise_candidates and not self.trainer.sanity_checking and self.trainer.state.fn == "fit":
             frame = self._frame(batch)
+            counted = batch["counted"] if "counted" in batch else torch.ones(len(frame.n_targets), dtype=torch.bool)
+            counted = counted.to(frame.n_targets.device)  # a distributed sampler's padding rows do not count
             for i, (low, high) in enumerate(self.noise_candidates):
-                loss, _ = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device))
-                per_token = loss / frame.n_targets
+                loss, _ = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device),
+                                           seeds=self._eval_seeds(batch))
+                per_token = (loss / frame.n_targets)[counted]
                 stats = self._variance_stats.setdefault(i, [0.0, 0.0, 0.0])
                 stats[0] += len(per_token)
                 stats[1] += float(per_token.sum())
