@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from conftest import debug_fit_args
@@ -72,3 +73,18 @@ def test_every_rank_stops_when_one_rank_has_a_non_finite_loss():
     assert asked == [(False, False)]
     trainer.strategy.reduce_boolean_decision = lambda decision, all=True: decision
     guard.on_before_backward(trainer, None, torch.tensor(1.5))  # finite everywhere: nothing happens
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("Application timeout caused pair closure", "stopped answering"),  # gloo, from a barrier or all-reduce
+    ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234", "died"),
+    ("[c10d] Timed out waiting 20000ms for recv operation to complete", "stopped answering"),
+    ("CUDA out of memory", None),
+])
+def test_distributed_failures_are_recognised_by_their_backend_messages(message, expected):
+    """What the surviving ranks raise when another one dies or hangs becomes one line; anything
+    else stays an ordinary error (a traceback)."""
+    from attnlab.guards import describe_distributed_failure
+
+    line = describe_distributed_failure(RuntimeError(message))
+    assert (line is None) if expected is None else (expected in line and message.splitlines()[0][:40] in line)

@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         from attnlab.lightning_cli import AttnlabCLI
 
         AttnlabCLI(args=None if from_command_line else argv)
+        from attnlab.guards import close_process_group
+
+        close_process_group()
         return 0
     except argparse.ArgumentError as err:  # a config key or value jsonargparse rejected
         if debug:
