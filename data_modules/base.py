@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.errors import ConfigError, DataError
 from data_modules.batch import Example, IndexedExamples, SpecialIds, collate, collate_indexed
-from data_modules.batching import EpochRandomSampler, EvenShareSampler, TokenBudgetBatchSampler
+from data_modules.batching import EpochRandomSampler, EvenShareSampler, TokenBudgetBatchSampler, distributed_world
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
 
 Pairs = list[tuple[str, str]]
@@ -197,9 +197,8 @@ class TokenizedDataModule(L.LightningDataModule):
     def _eval_loader(self, examples: list[Example], generator: torch.Generator) -> DataLoader:
         """In split order, with each example's index; shared exactly between distributed ranks."""
         dataset = IndexedExamples(examples)
-        sampler = None
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            sampler = EvenShareSampler(dataset, torch.distributed.get_world_size(), torch.distributed.get_rank())
+        world, rank = distributed_world()
+        sampler = EvenShareSampler(dataset, world, rank) if world > 1 else None
         return DataLoader(
             dataset,
             batch_size=self.eval_batch_size,

@@ -13,6 +13,13 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler, RandomSampler
 
 
+def distributed_world() -> tuple[int, int]:
+    """(world size, rank) of the running process group, (1, 0) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
 class EpochRandomSampler(RandomSampler):
     """A shuffle fixed by (seed, epoch) alone, not by the global RNG's state, so a resumed run
     draws the interrupted epoch's order again; `resume_at` skips the examples already trained.
@@ -79,8 +86,8 @@ class TokenBudgetBatchSampler:
         if self._cached is not None and self._cached[0] == self.epoch:
             return self._cached[1]
         batches = self._all_batches()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            world, rank = dist.get_world_size(), dist.get_rank()
+        world, rank = distributed_world()
+        if world > 1:
             batches = batches[: len(batches) - len(batches) % world][rank::world]  # equal counts per rank
         self._cached = (self.epoch, batches)
         return batches

@@ -102,11 +102,10 @@ def test_fit_summary_prints_examples_and_final_metrics(trained):
     assert "examples (source | reference | output):" in out
     examples = out.split("examples (source | reference | output):", 1)[1].split("final fit metrics:", 1)[0]
     refs = re.findall(r"^\s+ref: (.*)$", examples, re.M)
-    outs = re.findall(r"^\s+out: ", examples, re.M)
+    outs = re.findall(r"^\s+out: (.*)$", examples, re.M)
     assert len(refs) == len(outs) == 3  # num_examples defaults to 3
     # A reference is a German number word: lower-case letters only, no spaces.
     assert all(re.fullmatch(r"[a-zäöüß]+", ref) for ref in refs), refs
-    outs = re.findall(r"^\s+out: (.*)$", examples, re.M)
     assert outs[0] == refs[0] and outs[1] == "" and outs[2] == refs[2]  # the oracle: right on even indices
 
     metrics = dict(re.findall(r"^\s+(\w+/\w+)\s+(-?[\d.]+|nan|inf)$", out.split("final fit metrics:", 1)[1], re.M))

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from attnlab.averaging import CheckpointAveraging
 from attnlab.guards import ChildProcessReaper, NonFiniteLossGuard
 from attnlab.modules.base import FamilyModule
-from attnlab.per_example import PerExampleWriter
+from attnlab.per_example import PerExampleWriter, gather_rows
 from attnlab.resume import LastCheckpoint, RngStates, last_checkpoint
 from attnlab.run_logging import RunOptions, build_loggers, describe_run
 from attnlab.run_summary import RunSummary
@@ -212,14 +212,8 @@ class AttnlabCLI(LightningCLI):
     def predict(self, model, datamodule=None, **kwargs):
         """Generate for the data module's predict split and write predictions.jsonl to the run folder,
         in split order (every rank's rows gathered under DDP)."""
-        import torch
-
         batches = self.trainer.predict(model, datamodule=datamodule, **kwargs)
-        rows = [row for batch in batches or [] for row in batch]
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
-            shares: list = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(shares, rows)
-            rows = [row for share in shares for row in share]
+        rows = gather_rows(self.trainer, [row for batch in batches or [] for row in batch])
         log_dir = self.trainer.log_dir  # a collective under DDP: every rank must ask
         self._write_predictions(sorted(rows, key=lambda row: row["index"]), log_dir)
 

@@ -29,14 +29,19 @@ class PerExampleWriter(Callback):
             self._write(trainer, pl_module)
 
     def _write(self, trainer, pl_module) -> None:
-        records = list(getattr(pl_module, "example_records", []))
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and trainer.world_size > 1:
-            shares: list = [None] * trainer.world_size
-            torch.distributed.all_gather_object(shares, records)
-            records = [r for share in shares for r in share]
+        records = gather_rows(trainer, list(getattr(pl_module, "example_records", [])))
         log_dir = trainer.log_dir  # a collective under DDP: every rank asks
         if trainer.is_global_zero and log_dir and records:
             write_examples(Path(log_dir) / FILE, records)
+
+
+def gather_rows(trainer, rows: list) -> list:
+    """Every rank's rows on every rank (a collective under DDP: all ranks call it), in rank order."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized() and trainer.world_size > 1):
+        return rows
+    shares: list = [None] * trainer.world_size
+    torch.distributed.all_gather_object(shares, rows)
+    return [row for share in shares for row in share]
 
 
 def write_examples(path: Path, records: list[dict]) -> None:

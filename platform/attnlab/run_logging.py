@@ -17,7 +17,6 @@ from attnlab.errors import ConfigError
 from attnlab.resume import ResumableCSVLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-HIGHER_IS_BETTER = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
 WANDB_ID_FILE = "wandb_id.txt"  # in the run folder: the id a resumed run continues
 
 
@@ -58,7 +57,9 @@ class RunOptions:
         """min or max for `monitor`: higher is better for the generation scores."""
         if self.monitor_mode:
             return self.monitor_mode
-        return "max" if self.monitor.rsplit("/", 1)[-1] in HIGHER_IS_BETTER else "min"
+        from attnlab.modules.metrics import GENERATION_METRICS
+
+        return "max" if self.monitor.rsplit("/", 1)[-1] in GENERATION_METRICS else "min"
 
 
 def wandb_credentials_present() -> bool:

@@ -18,10 +18,10 @@ from attnlab.errors import AttnlabError
 from attnlab.experiment.runs import RunRecord, collect_runs
 from attnlab.experiment.significance import ColumnTest, test_column
 from attnlab.experiment.stats import ALPHA, Summary, summarize
+from attnlab.modules.metrics import LIKELIHOOD_METRICS
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
-LOWER_IS_BETTER = ("nll", "bpb")
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _minutes(v) -> str:
 
 
 def _quality_fmt(name: str):
-    return _number(4 if name in LOWER_IS_BETTER else 2)
+    return _number(4 if name in LIKELIHOOD_METRICS else 2)
 
 
 def generation_speed(record: RunRecord) -> float | None:
@@ -120,7 +120,7 @@ def run_tests(points: list[Point], columns: list[Column]) -> None:
         if column.metric is not None:
             means = {p.name: s.mean for p in points if (s := column.summary(p)) is not None}
             column.tests = test_column(points, column.evaluation, column.metric, means,
-                                       higher_is_better=column.metric not in LOWER_IS_BETTER)
+                                       higher_is_better=column.metric not in LIKELIHOOD_METRICS)
 
 
 def _cell(column: Column, point: Point) -> str:

@@ -30,6 +30,7 @@ class RunRecord:
     order: int = 0  # the point's place in its sweep file, so tables follow the file
     seed: int | None = None  # the sweep seed (None: a run without seeds)
     evaluation_dirs: dict[str, Path] = field(default_factory=dict)
+    _examples: dict = field(default_factory=dict, repr=False)  # evaluation -> records, read once
 
     def final(self, key: str) -> float | None:
         """The last logged value of a metric."""
@@ -48,8 +49,10 @@ class RunRecord:
         """The per-example records an evaluation saved (examples.jsonl), or None."""
         from attnlab.per_example import read_examples
 
-        folder = self.evaluation_dirs.get(evaluation)
-        return read_examples(folder) if folder is not None else None
+        if evaluation not in self._examples:
+            folder = self.evaluation_dirs.get(evaluation)
+            self._examples[evaluation] = read_examples(folder) if folder is not None else None
+        return self._examples[evaluation]
 
     def metric(self, key: str) -> float | None:
         """`val/x` from the history, `test/x` from the evaluation named test, `name:test/x` from another."""

@@ -14,6 +14,7 @@ rerun can tell what is done:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -192,11 +193,11 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
     """The checkpoint-selection options every run gets (fixed, grid or pass-through), checked once
     before the first run instead of failing in every one: run.monitor must be a metric attnlab
     logs in validation, run.patience an integer >= 1, run.monitor_mode min or max."""
-    from attnlab.modules.base import GENERATION_METRICS, LIKELIHOOD_METRICS
+    from attnlab.modules.block_diffusion import NOISE_SEARCH_METRICS
+    from attnlab.modules.metrics import GENERATION_METRICS, LIKELIHOOD_METRICS
     from attnlab.run_logging import RunOptions
 
-    known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | {"val/noise_low", "val/noise_high",
-                                                                             "val/noise_loss_var"}
+    known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | set(NOISE_SEARCH_METRICS)
     values: dict[str, list] = {}
     for key in ("monitor", "monitor_mode", "patience"):
         given = [spec.fixed[f"run.{key}"]] if f"run.{key}" in spec.fixed else []
@@ -205,10 +206,8 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
         if flag is not None:
             given = [int(flag) if key == "patience" and flag.lstrip("-").isdigit() else flag]
         values[key] = given or [getattr(RunOptions, key)]
-    for monitor in values["monitor"]:
-        for mode in values["monitor_mode"]:
-            for patience in values["patience"]:
-                RunOptions(monitor=monitor, monitor_mode=mode, patience=patience)  # ConfigError naming the field
+    for monitor, mode, patience in itertools.product(*values.values()):
+        RunOptions(monitor=monitor, monitor_mode=mode, patience=patience)  # ConfigError naming the field
         if monitor not in known:
             raise ConfigError(f"run.monitor={monitor!r} is never logged: choose one of {', '.join(sorted(known))}")
 

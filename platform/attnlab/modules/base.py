@@ -17,7 +17,7 @@ import torch
 from attnlab.components import BackboneConfig
 from attnlab.errors import ConfigError
 from attnlab.generation import SamplingConfig
-from attnlab.modules.metrics import EvalMetrics, example_record
+from attnlab.modules.metrics import GENERATION_METRICS, LIKELIHOOD_METRICS, EvalMetrics, example_record
 from attnlab.modules.optim import OptimizerConfig, build_optimizer
 from data_modules.batch import SpecialIds, collate, Example
 
@@ -84,10 +84,6 @@ class AttentionMap(NamedTuple):
     weights: torch.Tensor
     queries: list[str]
     keys: list[str]
-
-
-LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
-GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
 
 
 class FamilyModule(L.LightningModule):
@@ -169,8 +165,7 @@ class FamilyModule(L.LightningModule):
     def check_monitor(self, key: str, datamodule=None) -> None:
         """Fail before training on a monitor (run.monitor) that no validation of this run logs."""
         val = datamodule.examples("val") if datamodule is not None else []
-        generates = not val or any(len(e.source) for e in val[:1])
-        known = self.validation_metrics(generates)
+        known = self.validation_metrics(generates=not val or bool(val[0].source))
         if key not in known:
             raise ConfigError(f"run.monitor={key!r} is never logged by this {type(self).__name__} run: choose one "
                               f"of {', '.join(known)}")
@@ -307,7 +302,8 @@ class FamilyModule(L.LightningModule):
         n_rows = len(batch["target_text"])
         counted = batch.get("counted")
         keep = counted.tolist() if counted is not None else [True] * n_rows
-        rows = torch.tensor([i for i, k in enumerate(keep) if k], dtype=torch.long, device=terms.nll.device)
+        kept = [i for i, k in enumerate(keep) if k]
+        rows = torch.tensor(kept, dtype=torch.long, device=terms.nll.device)
         n_bytes = torch.tensor([len(t.encode("utf-8")) for t in batch["target_text"]], device=terms.nll.device)
         metrics.update_likelihood(terms.loss[rows], terms.nll[rows], terms.targets[rows], n_bytes[rows])
         hypotheses = None
@@ -317,7 +313,6 @@ class FamilyModule(L.LightningModule):
                 ids = self.generate_ids(batch)
             seconds = time.perf_counter() - started
             hypotheses = self.tokenizer.decode_batch(ids)
-            kept = [i for i, k in enumerate(keep) if k]
             # Throughput counts every generated row (padding rows cost time too); quality, counted rows.
             metrics.update_generation([hypotheses[i] for i in kept], [batch["target_text"][i] for i in kept],
                                       sum(len(i) + 1 for i in ids), seconds)

@@ -18,6 +18,9 @@ from attnlab.models.masked_diffusion import example_noise, mask_blocks, sample_b
 from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, row_sums, token_losses
 
 
+NOISE_SEARCH_METRICS = ("val/noise_low", "val/noise_high", "val/noise_loss_var")  # logged with noise_search
+
+
 def _check_range(name: str, value) -> tuple[float, float]:
     low, high = (float(v) for v in value) if len(value) == 2 else (None, None)
     if low is None or not 0.0 < low < high <= 1.0:
@@ -121,8 +124,7 @@ class BlockDiffusion(FamilyModule):
 
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:
-        searched = ["val/noise_low", "val/noise_high", "val/noise_loss_var"] if self.noise_candidates else []
-        return super().validation_metrics(generates) + searched
+        return super().validation_metrics(generates) + (list(NOISE_SEARCH_METRICS) if self.noise_candidates else [])
 
     def reset_eval_noise(self) -> None:
         self._eval_noise = None

@@ -12,6 +12,12 @@ from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
 
+# The keys every family logs per split: likelihoods (lower is better) and, when it generates,
+# generation scores and speed (higher is better). Checkpoint selection, sweeps and reports read these.
+LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
+GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
+
+
 def exact(prediction: str, reference: str) -> bool:
     """What exact match counts: the same string up to surrounding whitespace."""
     return prediction.strip() == reference.strip()
