@@ -209,7 +209,7 @@ class TokenizedDataModule(L.LightningDataModule):
             generator=generator,
         )
 
-    # ---- resuming (see attnlab.resume) -------------------------------------------------------
+    # ---- resuming (see attnlab.training.resume) -------------------------------------------------------
 
     def state_dict(self) -> dict:
         """Where training is in the current epoch, saved in every checkpoint, so a resumed run

@@ -19,7 +19,7 @@ import pytest
 # Import Lightning (through attnlab) now, while pytest's session-wide capture owns sys.stderr:
 # Lightning's logging handlers keep the stream they find at import, and one bound to a single
 # test's capsys stream would be closed for every later test ("--- Logging error ---").
-import attnlab.cli  # noqa: E402,F401
+import attnlab.cli.main  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -127,7 +127,7 @@ def run_main(argv: list[str], cwd: Path | None = None) -> CliResult:
 
     For fixtures wider than a function, where capsys is not available.
     """
-    from attnlab.cli import main
+    from attnlab.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     previous = os.getcwd()
@@ -150,7 +150,7 @@ def cli(capsys, tmp_path, monkeypatch):
 
     Exceptions other than SystemExit propagate: for a user mistake main must return 2 itself.
     """
-    from attnlab.cli import main
+    from attnlab.cli.main import main
 
     monkeypatch.chdir(tmp_path)  # anything written relative to the cwd lands in the test's folder
 

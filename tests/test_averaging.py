@@ -4,7 +4,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from attnlab import EncoderDecoder
-from attnlab.averaging import CheckpointAveraging, average_state_dicts
+from attnlab.checkpoints.averaging import CheckpointAveraging, average_state_dicts
 from data_modules import NumberWordsDataModule
 
 

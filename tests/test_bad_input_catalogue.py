@@ -507,6 +507,45 @@ def bench_set_bad_value(env):
 
 
 @case
+def accelerator_that_this_machine_lacks(env):
+    if torch.cuda.is_available():  # a GPU machine: ask for more GPUs than it has
+        return env.fit("--trainer.accelerator", "gpu", "--trainer.devices", "999"), ["trainer.devices=999", "GPU"]
+    return env.fit("--trainer.accelerator", "gpu"), ["trainer.accelerator=gpu", "no GPU", "--trainer.accelerator cpu"]
+
+
+@case
+def run_root_that_cannot_be_created(env):
+    blocker = env.write("not_a_folder", "a file where the run root's parent should be\n")
+    return env.fit("--run.root", str(blocker / "runs")), [f"run.root={blocker / 'runs'}", "is a file", "--run.root"]
+
+
+@case
+def ckpt_path_a_directory_validate(env):
+    folder = env.tmp / "ckpts" / "a_folder"
+    folder.mkdir(parents=True)
+    return env.evaluate("validate", folder), ["--ckpt_path", str(folder), "is a directory"]
+
+
+@case
+def ckpt_path_a_directory_fit(env):
+    folder = env.tmp / "ckpts" / "a_folder"
+    folder.mkdir(parents=True)
+    return env.fit("--ckpt_path", str(folder)), ["--ckpt_path", str(folder), "is a directory"]
+
+
+@case
+def ckpt_plain_text_generate(env):
+    path = env.write("ckpts/notes.ckpt", "my notes about this run\n")
+    return ["generate", path, "twenty one"], [str(path), "not a torch checkpoint", "it is text"]
+
+
+@case
+def ckpt_plain_text_validate(env):
+    path = env.write("ckpts/notes.ckpt", "my notes about this run\n")
+    return env.evaluate("validate", path), ["--ckpt_path", str(path), "not a torch checkpoint"]
+
+
+@case
 def unknown_verb(env):
     return ["trian", "--config", DEBUG_YAML], ["unknown verb", "trian"]
 

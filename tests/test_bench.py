@@ -4,7 +4,6 @@ here times anything: speed is the bench's job, not the tests'."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -136,7 +135,7 @@ def test_bad_bench_flags_fail_before_any_work(tmp_path, flags, message):
 def test_missing_transformers_is_named_with_the_extra_to_install(monkeypatch, capsys, tmp_path):
     import importlib.util
 
-    from attnlab.cli import main
+    from attnlab.cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))

@@ -36,7 +36,7 @@ def test_noise_search_trains_on_the_lowest_variance_candidate(bd_run):
 
 
 def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     ckpt = bd_run[1] / "checkpoints" / "last.ckpt"
     module, _ = load_checkpoint(ckpt)

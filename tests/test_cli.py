@@ -135,7 +135,7 @@ def test_checkpoint_loads_with_weights_only(ckpt):
 @pytest.fixture(scope="module")
 def expected_translations(ckpt):
     """What the checkpoint's module itself translates, through the public API."""
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     module, _ = load_checkpoint(ckpt)
     texts = ["twenty one", "three hundred four"]
@@ -165,7 +165,7 @@ def test_generate_with_nothing_to_read_is_a_clear_error(cli, ckpt, monkeypatch):
 
 
 def test_generate_applies_sampling_flags(cli, ckpt):
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     module, _ = load_checkpoint(ckpt)
     module.sampling.max_new_tokens = 2
@@ -258,7 +258,7 @@ def test_evaluate_a_checkpoint(cli, tmp_path, ckpt, verb, prefix):
     nll per token, bits per UTF-8 byte of the references, exact match in percent."""
     import math
 
-    from attnlab.per_example import read_examples
+    from attnlab.training.per_example import read_examples
 
     result = cli(verb, *EVAL_ARGS, "--run.root", tmp_path, "--run.version", "eval", "--ckpt_path", ckpt)
     assert result.code == 0, result.err[-3000:]
@@ -283,7 +283,7 @@ def test_predict_a_checkpoint(cli, tmp_path, ckpt):
     assert result.code == 0, result.err[-3000:]
     path = tmp_path / "debug" / "pred" / "predictions.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     module, _ = load_checkpoint(ckpt)  # the checkpoint's weights, not fresh ones, made the predictions
     assert [r["hypothesis"] for r in rows] == module.translate([r["source"] for r in rows])
@@ -318,3 +318,18 @@ def test_predict_writes_predictions_jsonl(cli, tmp_path):
     ).numbers()["test"][:8]
     assert [(r["source"], r["reference"]) for r in rows] == [(english(n), german(n)) for n in numbers]
     assert re.search(rf"^8 predictions written to {re.escape(str(path))}$", result.out, re.M)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])
+def test_output_cut_short_by_its_reader_ends_quietly(argv):
+    """`attnlab --help | head -1`: the reader is gone before the output is written (here: its end of
+    the pipe is closed at once); the command ends without a BrokenPipeError traceback."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader went away (head has read what it wanted)
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    assert code in (0, 128 + signal.SIGPIPE), (code, err)

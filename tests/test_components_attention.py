@@ -104,7 +104,7 @@ def test_prefix_mask_is_bidirectional_inside_the_prefix_only():
 
 def test_kv_cache_appends_forks_and_reorders_like_concatenation():
     """The buffered cache against the obvious torch.cat bookkeeping, across buffer growth."""
-    from attnlab.components.attention import KVCache
+    from attnlab.components.kv_cache import KVCache
 
     torch.manual_seed(0)
     cache, k_ref, v_ref = KVCache(), None, None

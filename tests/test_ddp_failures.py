@@ -103,7 +103,7 @@ def test_distributed_fragments_bound_the_collective_timeout(fragment, tmp_path):
     """A hung rank stops the run after 10 minutes with the experiments/distributed fragments, not 30."""
     from datetime import timedelta
 
-    from attnlab.lightning_cli import AttnlabCLI
+    from attnlab.cli.lightning_cli import AttnlabCLI
     from conftest import EXPERIMENTS
 
     cli = AttnlabCLI(args=["--config", str(EXPERIMENTS / "decoder_only.yaml"),

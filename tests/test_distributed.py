@@ -77,7 +77,7 @@ def test_an_odd_validation_split_counts_every_example_once(single_and_ddp, tmp_p
     """15 validation pairs on 2 ranks: one rank gets a padding repeat, which no metric counts, so
     every metric (likelihoods and generations) equals one process's, and examples.jsonl holds
     each of the 15 examples once, in order, with the same values."""
-    from attnlab.per_example import read_examples
+    from attnlab.training.per_example import read_examples
 
     single, _ = single_and_ddp
     args = ["validate", "--config", DEBUG_YAML, "--run.root", tmp_path, "--run.wandb", "disabled", *CPU,
@@ -123,27 +123,35 @@ def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
     assert_trained_on_the_lowest_variance_candidate(tmp_path / "number_words" / "block_diffusion" / "bd", candidates)
 
 
-def test_fsdp_trains_like_ddp_and_writes_an_ordinary_checkpoint(single_and_ddp, tmp_path):
+@pytest.fixture(scope="module")
+def fsdp_run(single_and_ddp, tmp_path_factory):
+    """LayerWiseFSDP on 2 CPU processes from the same initialisation, data and steps as the DDP run."""
+    root = tmp_path_factory.mktemp("fsdp")
+    # A clip far above the gradient norm: the clipping path runs (a collective over the shards)
+    # without changing the update, so the run still matches DDP's unclipped one.
+    _fit(root, "--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.version", "fsdp",
+         "--run.wandb", "disabled", "--trainer.gradient_clip_val", "1000", "--model.init_args.eval_every_n_epochs", "1",
+         "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
+         fragments=[FSDP_YAML])
+    return root / "debug" / "fsdp"
+
+
+def test_fsdp_trains_like_ddp_and_writes_an_ordinary_checkpoint(single_and_ddp, fsdp_run):
     """LayerWiseFSDP on 2 CPU processes from the same initialisation, data and steps as the DDP run:
     the same losses (sharding changes where the numbers live, not the arithmetic), through
     clipping by norm and generation at every validation (ranks generate different numbers of
     tokens), into a run folder named after the experiment, with a single-file checkpoint that
-    loads like any other and an averaged checkpoint of every weight."""
+    loads like any other (the optimizer state in DDP's layout too) and an averaged checkpoint of
+    every weight."""
     import json
 
     import torch
 
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     _, ddp_parent = single_and_ddp
     (ddp,) = list(ddp_parent.iterdir())
-    # A clip far above the gradient norm: the clipping path runs (a collective over the shards)
-    # without changing the update, so the run still matches DDP's unclipped one.
-    _fit(tmp_path, "--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.version", "fsdp",
-         "--run.wandb", "disabled", "--trainer.gradient_clip_val", "1000", "--model.init_args.eval_every_n_epochs", "1",
-         "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
-         fragments=[FSDP_YAML])
-    run = tmp_path / "debug" / "fsdp"
+    run = fsdp_run
     fsdp_metrics, ddp_metrics = read_metrics(run), read_metrics(ddp)
     assert fsdp_metrics["train/loss"] == pytest.approx(ddp_metrics["train/loss"], rel=1e-4)
     assert fsdp_metrics["val/nll"] == pytest.approx(ddp_metrics["val/nll"], rel=1e-4)
@@ -153,17 +161,46 @@ def test_fsdp_trains_like_ddp_and_writes_an_ordinary_checkpoint(single_and_ddp, 
 
     ckpt_path = run / "checkpoints" / "last.ckpt"
     assert ckpt_path.is_file()
-    ours = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
-    theirs = torch.load(ddp / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    our_checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    their_checkpoint = torch.load(ddp / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    ours, theirs = our_checkpoint["state_dict"], their_checkpoint["state_dict"]
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
     for key, value in ours.items():
         torch.testing.assert_close(value, theirs[key], rtol=0, atol=1e-3, msg=key)
+    # The optimizer state: parameters numbered as torch numbers them (DDP resumes from it, and
+    # FSDP from DDP's), the same Adam moments.
+    (our_optimizer,), (their_optimizer,) = our_checkpoint["optimizer_states"], their_checkpoint["optimizer_states"]
+    assert [g["params"] for g in our_optimizer["param_groups"]] == [g["params"] for g in their_optimizer["param_groups"]]
+    assert our_optimizer["state"].keys() == their_optimizer["state"].keys()
+    for index, values in their_optimizer["state"].items():
+        assert our_optimizer["state"][index].keys() == values.keys()
+        for name, value in values.items():
+            torch.testing.assert_close(our_optimizer["state"][index][name], value, rtol=1e-3, atol=1e-6,
+                                       msg=f"{index}.{name}")
     module, _ = load_checkpoint(ckpt_path)
     assert len(module.translate(["twenty one"])) == 1
     # The average of the 2 epochs covers every weight, the root unit's (embeddings, final norm) too.
     averaged = torch.load(run / "checkpoints" / "averaged.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert averaged.keys() == ours.keys()
     assert [key for key, value in averaged.items() if torch.equal(value, ours[key])] == []
+
+
+def test_fsdp_resumes_fit_from_its_checkpoint_as_ddp_does(single_and_ddp, fsdp_run, tmp_path):
+    """A third epoch resumed from each run's last.ckpt (weights, Adam moments, schedule, step):
+    FSDP's losses follow DDP's, which a fresh optimizer state would not."""
+    _, ddp_parent = single_and_ddp
+    (ddp,) = list(ddp_parent.iterdir())
+    third = ["--trainer.devices", "2", "--data.init_args.batch_size", "16", "--trainer.max_epochs", "3",
+             "--run.wandb", "disabled"]
+    _fit(tmp_path, *DDP, *third, "--run.version", "ddp", "--ckpt_path", ddp / "checkpoints" / "last.ckpt")
+    _fit(tmp_path, *third, "--run.version", "fsdp", "--ckpt_path", fsdp_run / "checkpoints" / "last.ckpt",
+         fragments=[FSDP_YAML])
+    ddp_resumed, fsdp_resumed = (read_metrics(tmp_path / "debug" / v) for v in ("ddp", "fsdp"))
+    # Only the third epoch ran: 2 more steps after global step 4.
+    assert ddp_resumed["step"] == fsdp_resumed["step"] and set(fsdp_resumed["epoch"]) == {2}
+    assert len(fsdp_resumed["train/loss"]) == 2 and fsdp_resumed["step"][-1] == 5
+    assert fsdp_resumed["train/loss"][-2:] == pytest.approx(ddp_resumed["train/loss"][-2:], rel=1e-4)
+    assert fsdp_resumed["val/nll"][-1] == pytest.approx(ddp_resumed["val/nll"][-1], rel=1e-4)
 
 
 def _free_port() -> int:

@@ -113,7 +113,7 @@ def test_experiment_trains_two_steps(path, cli, tmp_path, request):
 
 def _parse_only(args: list[str]):
     """The config LightningCLI parses from `args`, without building model, data or trainer."""
-    from attnlab.lightning_cli import AttnlabCLI
+    from attnlab.cli.lightning_cli import AttnlabCLI
 
     class ParseOnly(AttnlabCLI):
         def instantiate_classes(self):

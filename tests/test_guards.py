@@ -56,7 +56,7 @@ def test_every_rank_stops_when_one_rank_has_a_non_finite_loss():
 
     import pytest
 
-    from attnlab.guards import NonFiniteLossError, NonFiniteLossGuard
+    from attnlab.training.guards import NonFiniteLossError, NonFiniteLossGuard
 
     asked = []
 
@@ -84,7 +84,7 @@ def test_every_rank_stops_when_one_rank_has_a_non_finite_loss():
 def test_distributed_failures_are_recognised_by_their_backend_messages(message, expected):
     """What the surviving ranks raise when another one dies or hangs becomes one line; anything
     else stays an ordinary error (a traceback)."""
-    from attnlab.guards import describe_distributed_failure
+    from attnlab.distributed.failures import describe_distributed_failure
 
     line = describe_distributed_failure(RuntimeError(message))
     assert (line is None) if expected is None else (expected in line and message.splitlines()[0][:40] in line)

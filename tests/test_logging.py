@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import DEBUG_YAML, debug_fit_args, read_metrics, run_main, run_process
+from conftest import debug_fit_args, read_metrics, run_main, run_process
 
 VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/bpb", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s")
 

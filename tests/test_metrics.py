@@ -2,7 +2,7 @@
 import pytest
 import sacrebleu
 
-from attnlab.modules.metrics import EvalMetrics
+from attnlab.families.metrics import EvalMetrics
 
 HYPOTHESES = [
     "Ein Mann in einem blauen Hemd steht auf einer Leiter.",

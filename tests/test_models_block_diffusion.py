@@ -7,6 +7,7 @@ import torch
 from attnlab import BackboneConfig, BlockDiffusion, ConfigError, SamplingConfig
 from attnlab.components.masks import block_diffusion_mask
 from attnlab.generation.block_diffusion import sample_blocks, unmask_schedule
+from reference_decoding import sample_blocks_uncached
 from attnlab.models.framing import frame_blocks
 from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
 
@@ -163,12 +164,12 @@ def test_cached_sampling_gives_the_tokens_of_uncached_sampling(unmasking, temper
     module = tiny_module(block_size=4, positional="alibi")
     sampling = SamplingConfig(temperature=temperature, top_p=0.9)
 
-    def run(use_cache):
-        return sample_blocks(module.model, PROMPTS, 10, 4, steps, EOS, PAD, sampling, unmasking,
-                             use_cache=use_cache, generator=torch.Generator().manual_seed(3))
+    def run(sampler):
+        return sampler(module.model, PROMPTS, max_new_tokens=10, block_size=4, steps=steps, eos_id=EOS, pad_id=PAD,
+                       sampling=sampling, unmasking=unmasking, generator=torch.Generator().manual_seed(3))
 
-    cached = run(True)
-    assert cached == run(False)
+    cached = run(sample_blocks)
+    assert cached == run(sample_blocks_uncached)
     assert all(len(row) <= 10 and EOS not in row and MASK not in row for row in cached)
 
 

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from attnlab import BackboneConfig, ConfigError, DecoderOnly, SamplingConfig
 from attnlab.generation import choose_next
 from attnlab.generation.decoder_only import generate
+from reference_decoding import generate_uncached
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target
-from attnlab.modules.optim import OptimizerConfig, lr_multiplier
+from attnlab.families.optim import OptimizerConfig, lr_multiplier
 
 PROMPTS = [[2, 7, 8, 9, 10, 4], [2, 11, 4], [2, 12, 13, 4]]
 UNPADDED = [[2, 7, 8, 4], [2, 11, 12, 4], [2, 12, 13, 4]]  # equal lengths: the mask-free cached path
@@ -28,8 +29,8 @@ def tiny_model(positional="rope", **kw):
 @pytest.mark.parametrize("prompts", [PROMPTS, UNPADDED], ids=["padded", "unpadded"])
 def test_cached_decoding_equals_full_recomputation(positional, norm_position, prompts):
     model = tiny_model(positional, norm_position=norm_position)
-    cached, cached_logits = generate(model, prompts, 8, eos_id=3, pad_id=0, return_logits=True)
-    full, full_logits = generate(model, prompts, 8, eos_id=3, pad_id=0, use_cache=False, return_logits=True)
+    cached, cached_logits = generate(model, prompts, max_new_tokens=8, eos_id=3, pad_id=0, return_logits=True)
+    full, full_logits = generate_uncached(model, prompts, max_new_tokens=8, eos_id=3, pad_id=0)
     assert cached == full
     torch.testing.assert_close(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
 
@@ -37,9 +38,9 @@ def test_cached_decoding_equals_full_recomputation(positional, norm_position, pr
 @pytest.mark.parametrize("positional", ["learned", "alibi"])
 def test_a_padded_batch_decodes_like_each_prompt_alone(positional):
     model = tiny_model(positional)
-    batch_out, batch_logits = generate(model, PROMPTS, 6, eos_id=3, pad_id=0, return_logits=True)
+    batch_out, batch_logits = generate(model, PROMPTS, max_new_tokens=6, eos_id=3, pad_id=0, return_logits=True)
     for i, prompt in enumerate(PROMPTS):
-        alone, alone_logits = generate(model, [prompt], 6, eos_id=3, pad_id=0, return_logits=True)
+        alone, alone_logits = generate(model, [prompt], max_new_tokens=6, eos_id=3, pad_id=0, return_logits=True)
         assert alone[0] == batch_out[i]
         steps = alone_logits.shape[1]
         torch.testing.assert_close(alone_logits[0], batch_logits[i, :steps], atol=1e-5, rtol=1e-5)
@@ -181,8 +182,8 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_sampling_is_reproducible_with_a_seeded_generator():
     model = tiny_model()
     cfg = SamplingConfig(temperature=1.0, top_p=0.9)
-    a = generate(model, PROMPTS, 6, 3, 0, cfg, generator=torch.Generator().manual_seed(1))
-    b = generate(model, PROMPTS, 6, 3, 0, cfg, generator=torch.Generator().manual_seed(1))
+    a = generate(model, PROMPTS, max_new_tokens=6, eos_id=3, pad_id=0, sampling=cfg, generator=torch.Generator().manual_seed(1))
+    b = generate(model, PROMPTS, max_new_tokens=6, eos_id=3, pad_id=0, sampling=cfg, generator=torch.Generator().manual_seed(1))
     assert a == b
 
 
@@ -201,8 +202,8 @@ def test_beam_size_one_is_greedy_and_batching_does_not_change_beams(positional):
     from attnlab.generation.decoder_only import generate_beam
 
     model = tiny_model(positional)
-    greedy = generate(model, PROMPTS, 7, eos_id=3, pad_id=0)
-    assert generate_beam(model, PROMPTS, 7, eos_id=3, pad_id=0, beam_size=1, alpha=0.6) == greedy
-    beams = generate_beam(model, PROMPTS, 7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)
+    greedy = generate(model, PROMPTS, max_new_tokens=7, eos_id=3, pad_id=0)
+    assert generate_beam(model, PROMPTS, max_new_tokens=7, eos_id=3, pad_id=0, beam_size=1, alpha=0.6) == greedy
+    beams = generate_beam(model, PROMPTS, max_new_tokens=7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)
     for i, prompt in enumerate(PROMPTS):
-        assert generate_beam(model, [prompt], 7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)[0] == beams[i]
+        assert generate_beam(model, [prompt], max_new_tokens=7, eos_id=3, pad_id=0, beam_size=3, alpha=0.6)[0] == beams[i]

@@ -3,14 +3,14 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from attnlab import BackboneConfig, EncoderDecoder
-from attnlab.generation.beam import beam_search, length_penalty
+from attnlab.generation.beam_search import beam_search, length_penalty
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
+from reference_decoding import translate_uncached
 from attnlab.models.encoder_decoder import EncoderDecoderModel
 from attnlab.models.framing import IGNORE, frame_source_target
-from attnlab.modules.optim import OptimizerConfig, lr_multiplier
+from attnlab.families.optim import OptimizerConfig, lr_multiplier
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0], [11, 3, 0, 0, 0]])
 MAX = torch.tensor([9, 9, 9])
@@ -32,8 +32,8 @@ def encode(model, sources=SOURCES):
 def test_cached_decoding_equals_uncached(positional, norm_position):
     model = tiny(positional, norm_position)
     encoded = encode(model)
-    cached, cached_logits = translate_greedy(model, encoded, MAX, 2, 3, 0, return_logits=True)
-    full, full_logits = translate_greedy(model, encoded, MAX, 2, 3, 0, use_cache=False, return_logits=True)
+    cached, cached_logits = translate_greedy(model, encoded, max_lengths=MAX, bos_id=2, eos_id=3, pad_id=0, return_logits=True)
+    full, full_logits = translate_uncached(model, encoded, max_lengths=MAX, bos_id=2, eos_id=3, pad_id=0)
     assert cached == full
     torch.testing.assert_close(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
 
@@ -42,18 +42,18 @@ def test_cached_decoding_equals_uncached(positional, norm_position):
 def test_beam_size_one_is_greedy(positional):
     model = tiny(positional)
     encoded = encode(model)
-    assert translate_beam(model, encoded, MAX, 2, 3, beam_size=1, alpha=0.6) == \
-        translate_greedy(model, encoded, MAX, 2, 3, 0)
+    assert translate_beam(model, encoded, max_lengths=MAX, bos_id=2, eos_id=3, beam_size=1, alpha=0.6) == \
+        translate_greedy(model, encoded, max_lengths=MAX, bos_id=2, eos_id=3, pad_id=0)
 
 
 def test_a_padded_batch_translates_like_each_source_alone():
     model = tiny("alibi")
-    batch_greedy = translate_greedy(model, encode(model), MAX, 2, 3, 0)
-    batch_beam = translate_beam(model, encode(model), MAX, 2, 3, beam_size=3, alpha=0.6)
+    batch_greedy = translate_greedy(model, encode(model), max_lengths=MAX, bos_id=2, eos_id=3, pad_id=0)
+    batch_beam = translate_beam(model, encode(model), max_lengths=MAX, bos_id=2, eos_id=3, beam_size=3, alpha=0.6)
     for i, n in enumerate([5, 3, 2]):
         alone = encode(model, SOURCES[i : i + 1, :n])
-        assert translate_greedy(model, alone, MAX[:1], 2, 3, 0)[0] == batch_greedy[i]
-        assert translate_beam(model, alone, MAX[:1], 2, 3, beam_size=3, alpha=0.6)[0] == batch_beam[i]
+        assert translate_greedy(model, alone, max_lengths=MAX[:1], bos_id=2, eos_id=3, pad_id=0)[0] == batch_greedy[i]
+        assert translate_beam(model, alone, max_lengths=MAX[:1], bos_id=2, eos_id=3, beam_size=3, alpha=0.6)[0] == batch_beam[i]
 
 
 class ToyState:

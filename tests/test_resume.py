@@ -28,14 +28,14 @@ STEPS_PER_EPOCH = 8
 
 KILLER = """
 import os, signal, sys
-from attnlab.modules.base import FamilyModule
+from attnlab.families.base import FamilyModule
 original = FamilyModule.on_train_batch_start
 def on_train_batch_start(self, batch, batch_idx):
     if self.trainer.global_step == {step}:
         os.kill(os.getpid(), signal.SIGKILL)
     return original(self, batch, batch_idx)
 FamilyModule.on_train_batch_start = on_train_batch_start
-from attnlab.cli import main
+from attnlab.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -163,7 +163,7 @@ def test_continued_csv_drops_only_the_rows_logged_again(tmp_path):
     that step (not the step's training row) and every later row; the header is kept."""
     import csv
 
-    from attnlab.resume import ResumableCSVLogger
+    from attnlab.training.resume import ResumableCSVLogger
 
     run = tmp_path / "debug" / "v"
     run.mkdir(parents=True)

@@ -3,7 +3,7 @@ import platform as stdlib_platform
 
 import pytest
 
-from attnlab.runtime import tune_allocator
+from attnlab.cli.runtime import tune_allocator
 
 
 @pytest.mark.skipif(stdlib_platform.system() != "Linux" or stdlib_platform.libc_ver()[0] != "glibc",

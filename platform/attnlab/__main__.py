@@ -1,5 +1,5 @@
 import sys
 
-from attnlab.cli import main
+from attnlab.cli.main import main
 
 sys.exit(main())

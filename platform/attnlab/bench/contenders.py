@@ -3,8 +3,8 @@ the timer can interleave. Every training step is forward + loss + backward + Ada
 from __future__ import annotations
 
 import contextlib
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -12,11 +12,11 @@ import torch
 from attnlab.bench.references import TorchTranslator, hf_gpt2
 from attnlab.bench.shapes import BenchShape
 from attnlab.components import BackboneConfig
+from attnlab.families import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import sample_blocks
 from attnlab.generation.decoder_only import generate
 from attnlab.generation.encoder_decoder import translate_greedy
-from attnlab.modules import BlockDiffusion, DecoderOnly, EncoderDecoder
 from data_modules.batch import SpecialIds
 
 SPECIAL = SpecialIds()
@@ -161,8 +161,8 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
     for module in modules.values():
         module.eval()
     if "decoder_only" in modules:
-        steps["decoder_only"] = partial(generate, modules["decoder_only"].model, prompt_lists, new, NEVER,
-                                        SPECIAL.pad, greedy)
+        steps["decoder_only"] = partial(generate, modules["decoder_only"].model, prompt_lists, max_new_tokens=new,
+                                        eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy)
         if references and hf:
             gpt2 = hf_gpt2(shape).to(device).eval()
             attention = torch.ones_like(prompts)
@@ -176,8 +176,9 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
             steps["hf_generate"] = hf_generate
     if "block_diffusion" in modules:
         size = shape.block_size
-        steps["block_diffusion"] = partial(sample_blocks, modules["block_diffusion"].model, prompt_lists, new, size,
-                                           size, NEVER, SPECIAL.pad, greedy)
+        steps["block_diffusion"] = partial(sample_blocks, modules["block_diffusion"].model, prompt_lists,
+                                           max_new_tokens=new, block_size=size, steps=size, eos_id=NEVER,
+                                           pad_id=SPECIAL.pad, sampling=greedy)
     if "encoder_decoder" in modules:
         module = modules["encoder_decoder"]
         source = schema_batch(prompts, prompts[:, :1])
@@ -186,8 +187,8 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
         @torch.no_grad()
         def translate():
             source_tokens, valid, _, _ = module._frame(source)
-            translate_greedy(module.model, module.model.encode(source_tokens, valid)[0], lengths,
-                             SPECIAL.bos, NEVER, SPECIAL.pad, greedy)
+            translate_greedy(module.model, module.model.encode(source_tokens, valid)[0], max_lengths=lengths,
+                             bos_id=SPECIAL.bos, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy)
 
         steps["encoder_decoder"] = translate
         if references:

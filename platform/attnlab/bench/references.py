@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.errors import AttnlabError
 from attnlab.bench.shapes import BenchShape
+from attnlab.errors import AttnlabError
 
 
 def hf_gpt2(shape: BenchShape):

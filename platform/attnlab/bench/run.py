@@ -12,7 +12,12 @@ from pathlib import Path
 
 import torch
 
-from attnlab.bench.contenders import Options, generation_steps, platform_module, training_steps
+from attnlab.bench.contenders import (
+    Options,
+    generation_steps,
+    platform_module,
+    training_steps,
+)
 from attnlab.bench.flops import family_flops_per_token, measured_peak, table_peak
 from attnlab.bench.memory import peak_bytes
 from attnlab.bench.report import check_targets, format_report

@@ -15,79 +15,8 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab.components.config import BackboneConfig
+from attnlab.components.kv_cache import KVCache
 from attnlab.components.positional import Rotary, apply_rotary
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far by one attention layer.
-
-    Self-attention appends every step; cross-attention is filled once per source (`static`).
-    Keys are stored after the rotary rotation, so cached positions are never recomputed.
-    Appends write into a buffer with spare room (doubled when full), so a step copies only the
-    new keys, not the whole cache as torch.cat would. `k` / `v` are views of the filled part;
-    whoever replaces them (a fork's result, a reorder) simply gets a fresh buffer at the next append.
-    """
-
-    MIN_CAPACITY = 64
-
-    def __init__(self, static: bool = False):
-        self.static = static
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None or self.static:
-            self.k, self.v = k, v
-            return k, v
-        n, total = len(self), len(self) + k.shape[2]
-        k_buffer, v_buffer = self._room_for(total)
-        k_buffer[:, :, n:total] = k
-        v_buffer[:, :, n:total] = v
-        self.k, self.v = k_buffer[:, :, :total], v_buffer[:, :, :total]
-        return self.k, self.v
-
-    def _owns_buffers(self) -> bool:
-        """True when k / v are still the leading part of this cache's own buffers."""
-        if self._buffers is None:
-            return False
-        k_buffer, v_buffer = self._buffers
-        return (self.k.data_ptr() == k_buffer.data_ptr() and self.v.data_ptr() == v_buffer.data_ptr()
-                and self.k.shape[:2] == k_buffer.shape[:2] and self.k.stride() == k_buffer.stride())
-
-    def _room_for(self, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._owns_buffers() and self._buffers[0].shape[2] >= total:
-            return self._buffers
-        capacity = max(2 * total, self.MIN_CAPACITY)
-        buffers = []
-        for cached in (self.k, self.v):
-            buffer = cached.new_empty(*cached.shape[:2], capacity, cached.shape[3])
-            buffer[:, :, : cached.shape[2]] = cached
-            buffers.append(buffer)
-        self._buffers = tuple(buffers)
-        return self._buffers
-
-    def fork(self) -> "KVCache":
-        """A cache that starts from this one's keys and values (no copy) but whose updates stay
-        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised."""
-        other = KVCache(self.static)
-        other.k, other.v = self.k, self.v
-        return other
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select rows (beam search keeps the surviving hypotheses); the spare room moves along."""
-        if self.k is None:
-            return
-        n = len(self)
-        if self._owns_buffers():
-            self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
-            self.k, self.v = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
-        else:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-
 
 _compiled_flex = None
 

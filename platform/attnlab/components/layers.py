@@ -1,24 +1,13 @@
 """A transformer layer: self-attention [+ cross-attention] + feed-forward, post- or pre-norm."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
-from attnlab.components.attention import KVCache, MultiHeadAttention
+from attnlab.components.attention import MultiHeadAttention
 from attnlab.components.config import BackboneConfig
 from attnlab.components.feedforward import build_feedforward, build_norm
-
-
-@dataclass
-class LayerCache:
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
-
-    def reorder(self, index: torch.Tensor) -> None:
-        self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
+from attnlab.components.kv_cache import LayerCache
 
 
 class SubLayer(nn.Module):

@@ -82,17 +82,28 @@ def block_diffusion_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor)
     return (visible | torch.eye(n, dtype=torch.bool, device=blocks.device))[:, None]
 
 
+_compiled_create_block_mask = None
+
+
+def _create_block_mask_for(device: torch.device):
+    """`create_block_mask`, compiled on CUDA (eagerly it evaluates mask_mod over the whole L×L
+    grid, too slow per batch); eager on CPU, where it is only a reference for tests."""
+    global _compiled_create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if device.type != "cuda":
+        return create_block_mask
+    if _compiled_create_block_mask is None:
+        _compiled_create_block_mask = torch.compile(create_block_mask)
+    return _compiled_create_block_mask
+
+
 def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
     """The same mask as a FlexAttention BlockMask (sparse: fully hidden tiles are skipped).
 
-    Built for every batch, not cached per shape: the layout comes from the batch's lengths
-    (each row's prefix, block count and padding), so two batches of one shape rarely share a
-    mask, and a mask cached by shape would be wrong. What makes per-batch building cheap is
-    compiling it: on CUDA `create_block_mask` runs compiled (`_compile=True`) instead of
-    evaluating mask_mod eagerly over the whole L×L grid. On CPU (tests, a reference) it stays eager.
+    Built per batch, not cached per shape: the layout follows each batch's lengths and padding,
+    so a mask cached by shape would be wrong; compiling the builder keeps that cheap on CUDA.
     """
-    from torch.nn.attention.flex_attention import create_block_mask
-
     blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
 
     def mask_mod(b, h, q, k):
@@ -100,4 +111,4 @@ def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Te
         return visible | (q == k)
 
     n = blocks.shape[1]
-    return create_block_mask(mask_mod, blocks.shape[0], None, n, n, device=blocks.device, _compile=blocks.is_cuda)
+    return _create_block_mask_for(blocks.device)(mask_mod, blocks.shape[0], None, n, n, device=blocks.device)

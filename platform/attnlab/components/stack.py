@@ -7,7 +7,8 @@ from torch import nn
 from attnlab.components.config import BackboneConfig
 from attnlab.components.embedding import TokenEmbedding
 from attnlab.components.feedforward import build_norm
-from attnlab.components.layers import LayerCache, TransformerLayer
+from attnlab.components.kv_cache import LayerCache
+from attnlab.components.layers import TransformerLayer
 from attnlab.components.masks import causal_mask
 from attnlab.components.positional import build_positional
 
@@ -45,9 +46,6 @@ class TransformerStack(nn.Module):
                     nn.init.xavier_uniform_(part)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-
-    def new_caches(self) -> list[LayerCache]:
-        return [LayerCache() for _ in self.layers]
 
     def attention_modules(self, kind: str = "self"):
         """The attention modules of each layer ('self' or 'cross'), for head masking and maps."""

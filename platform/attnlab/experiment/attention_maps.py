@@ -18,8 +18,6 @@ from attnlab.errors import ConfigError
 from attnlab.experiment.plots import pyplot
 
 MAX_LABELS = 40  # longer sequences get no tick labels: they would be unreadable
-
-
 @contextlib.contextmanager
 def evaluating(module):
     """Eval mode (no dropout) without gradients, restoring the module's mode afterwards."""
@@ -126,7 +124,7 @@ def _log_image(trainer, key: str, path: Path, image: np.ndarray) -> None:
 def render_checkpoint(ckpt_path, source: str, target: str | None, out_dir) -> list[Path]:
     """Write `<out_dir>/<kind>.png` for one source string (and its target; None: the model's own
     greedy output), teacher-forced through a checkpoint's model. Returns the paths."""
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
     from data_modules.batch import Example
 
     module, _ = load_checkpoint(ckpt_path)

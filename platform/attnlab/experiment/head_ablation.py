@@ -60,7 +60,7 @@ def make_batches(module, examples, batch_size: int) -> list[dict]:
 
 def evaluate(module, batches: list[dict], metric: str = "nll") -> float:
     """The metric over the batches, with fixed noise (BlockDiffusion) and a fixed sampling seed."""
-    from attnlab.modules.metrics import EvalMetrics
+    from attnlab.families.metrics import EvalMetrics
 
     module.reset_eval_noise()
     torch.manual_seed(0)
@@ -191,7 +191,7 @@ def load_datamodule(config_path: Path):
 
 
 def ablate_heads_main(argv: list[str]) -> int:
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     parser = argparse.ArgumentParser(prog="attnlab ablate-heads", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,7 +32,6 @@ def _half_width(summary: Summary | None) -> float:
 
 
 def write_plots(points, output: Path, metric: str) -> list[Path]:
-    from attnlab.experiment.report import generation_speed
 
     plt = pyplot()
     written = []
@@ -51,7 +50,7 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
         ax.set_title(f"{key} against parameters")
         written.append(_save(fig, output / "quality_vs_params.png", plt))
 
-    speeds = [("training tokens/s", lambda r: r.train_tokens_per_s()), ("generation tokens/s", generation_speed)]
+    speeds = [("training tokens/s", lambda r: r.train_tokens_per_s()), ("generation tokens/s", lambda r: r.gen_tokens_per_s())]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.4 * len(points) + 1.5))
     for ax, (label, value) in zip(axes, speeds):
         summaries = [summarize([value(r) for r in p.records]) for p in points]

@@ -18,7 +18,7 @@ from attnlab.errors import AttnlabError
 from attnlab.experiment.runs import RunRecord, collect_runs
 from attnlab.experiment.significance import ColumnTest, test_column
 from attnlab.experiment.stats import ALPHA, Summary, summarize
-from attnlab.modules.metrics import LIKELIHOOD_METRICS
+from attnlab.families.metrics import LIKELIHOOD_METRICS
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
@@ -74,11 +74,6 @@ def _quality_fmt(name: str):
     return _number(4 if name in LIKELIHOOD_METRICS else 2)
 
 
-def generation_speed(record: RunRecord) -> float | None:
-    test = record.evaluations.get("test", {}).get("test/gen_tokens_per_s")
-    return test if test is not None else record.final("val/gen_tokens_per_s")
-
-
 def group_points(records: list[RunRecord]) -> list[Point]:
     """Runs of one grid point form a row; a run without a seed next to seeded ones (an older
     seedless sweep rerun with seeds) is a row of its own, never pooled with them."""
@@ -109,7 +104,7 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
                 columns.append(Column(f"{evaluation} {name}", lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k),
                                       _quality_fmt(name), numeric=True, evaluation=evaluation, metric=name))
     columns.append(Column("train tok/s", RunRecord.train_tokens_per_s, _thousands, numeric=True))
-    columns.append(Column("gen tok/s", generation_speed, _thousands, numeric=True))
+    columns.append(Column("gen tok/s", RunRecord.gen_tokens_per_s, _thousands, numeric=True))
     columns.append(Column("fit wall", lambda r: r.summary.get("fit_seconds"), _minutes, numeric=True))
     return columns
 

@@ -45,9 +45,14 @@ class RunRecord:
         values = [v for _, v in self.series("train/tokens_per_s")]
         return statistics.median(values) if values else None
 
+    def gen_tokens_per_s(self) -> float | None:
+        """Generation speed: the test evaluation's, else the last validation's."""
+        test = self.evaluations.get("test", {}).get("test/gen_tokens_per_s")
+        return test if test is not None else self.final("val/gen_tokens_per_s")
+
     def examples(self, evaluation: str) -> list[dict] | None:
         """The per-example records an evaluation saved (examples.jsonl), or None."""
-        from attnlab.per_example import read_examples
+        from attnlab.training.per_example import read_examples
 
         if evaluation not in self._examples:
             folder = self.evaluation_dirs.get(evaluation)

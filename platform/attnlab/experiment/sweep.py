@@ -29,7 +29,12 @@ import yaml
 
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.spec import (
-    SweepPoint, SweepSpec, as_cli_args, evaluation_checkpoint, load_sweep, wandb_sweep_config,
+    SweepPoint,
+    SweepSpec,
+    as_cli_args,
+    evaluation_checkpoint,
+    load_sweep,
+    wandb_sweep_config,
 )
 
 DESCRIPTION = "run a grid of experiments (skipping finished ones) and print their comparison table"
@@ -73,7 +78,7 @@ def checkpoint_to_test(fit_dir: Path, which: str = "best", entry: str = "test") 
         averaged = folder / "averaged.ckpt"
         if not averaged.is_file():
             raise AttnlabError(f"evaluate.{entry}.checkpoint is averaged but {averaged} does not exist: add "
-                               "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging to the fit")
+                               "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging to the fit")
         return averaged
     last = folder / "last.ckpt"
     found = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
@@ -193,9 +198,9 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
     """The checkpoint-selection options every run gets (fixed, grid or pass-through), checked once
     before the first run instead of failing in every one: run.monitor must be a metric attnlab
     logs in validation, run.patience an integer >= 1, run.monitor_mode min or max."""
-    from attnlab.modules.block_diffusion import NOISE_SEARCH_METRICS
-    from attnlab.modules.metrics import GENERATION_METRICS, LIKELIHOOD_METRICS
-    from attnlab.run_logging import RunOptions
+    from attnlab.families.block_diffusion import NOISE_SEARCH_METRICS
+    from attnlab.families.metrics import GENERATION_METRICS, LIKELIHOOD_METRICS
+    from attnlab.loggers.run_loggers import RunOptions
 
     known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | set(NOISE_SEARCH_METRICS)
     values: dict[str, list] = {}

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.run_logging import quiet_wandb_settings, resolve_wandb_mode, wandb_credentials_present
+from attnlab.loggers.run_loggers import (
+    quiet_wandb_settings,
+    resolve_wandb_mode,
+    wandb_credentials_present,
+)
 
 
 def log_report(folder: Path, output: Path, headers: list[str], rows: list[dict], plots: list[Path], mode: str) -> str | None:

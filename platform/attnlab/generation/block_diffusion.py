@@ -2,14 +2,13 @@
 
 Each step proposes a token for every masked position and keeps the k most confident (or k
 random) ones; after the last step the block is clean, and its keys and values join the cache
-in the first call of the next block. `use_cache=False` recomputes everything through the training
-path each step: the reference the cached sampler must match.
+in the first call of the next block.
 """
 from __future__ import annotations
 
 import torch
 
-from attnlab.generation.decoder_only import left_pad, row_budgets, strip_after_eos
+from attnlab.generation.loop import left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random")
@@ -44,6 +43,7 @@ def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: Sampling
 def sample_blocks(
     model,
     prompts: list[list[int]],
+    *,
     max_new_tokens: int | torch.Tensor,
     block_size: int,
     steps: int,
@@ -51,7 +51,6 @@ def sample_blocks(
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     unmasking: str = "confidence",
-    use_cache: bool = True,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
@@ -60,38 +59,20 @@ def sample_blocks(
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
     rows = len(prompts)
-    if use_cache:
-        state = model.new_state(rows, device)
-        to_commit = [(tokens, valid)]  # joins the cache in the next call
+    state = model.new_state(rows, device)
+    to_commit = [(tokens, valid)]  # joins the cache in the next call
 
-        def cached_logits(x):
-            clean, clean_valid = to_commit.pop() if to_commit else (None, None)
-            return model.advance(clean, clean_valid, x, state)
-    else:
-        clean, clean_blocks = tokens, torch.where(valid, 0, -1)
-        clean_positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-        next_position = valid.long().sum(1)
-    offsets = torch.arange(block_size, device=device)
+    def logits_of(x):
+        clean, clean_valid = to_commit.pop() if to_commit else (None, None)
+        return model.advance(clean, clean_valid, x, state)
+
     budgets = row_budgets(max_new_tokens, rows, device)
     done = budgets <= 0
     blocks = []
     for b in range((int(budgets.max()) + block_size - 1) // block_size if rows else 0):
         empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
-        if use_cache:
-            block = denoise_block(empty, cached_logits, steps, mask_id, sampling, unmasking, generator)
-            to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
-        else:
-            positions = next_position[:, None] + offsets
-            noisy_blocks = torch.full_like(empty, b + 1)
-
-            def logits_of(x):
-                return model.logits(model.denoise(x, noisy_blocks, positions, clean, clean_blocks, clean_positions))
-
-            block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator)
-            clean = torch.cat((clean, block), dim=1)
-            clean_blocks = torch.cat((clean_blocks, noisy_blocks), dim=1)
-            clean_positions = torch.cat((clean_positions, positions), dim=1)
-            next_position = next_position + block_size
+        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator)
+        to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
         blocks.append(block)
         done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets)
         if bool(done.all()):

@@ -1,51 +1,39 @@
-"""Generation for the encoder-decoder: greedy / sampled or beam search, with or without the KV cache."""
+"""Generation for the encoder-decoder: greedy / sampled and beam search, over the KV cache."""
 from __future__ import annotations
 
 import torch
 
-from attnlab.generation.beam import beam_search
-from attnlab.generation.decoder_only import strip_after_eos
-from attnlab.generation.sampling import SamplingConfig, choose_next
+from attnlab.generation.beam_search import beam_search
+from attnlab.generation.loop import token_loop
+from attnlab.generation.sampling import SamplingConfig
 
 
-def _step_log_probs(model, state):
-    def step(last_tokens, st):
-        hidden, _ = model.decode(last_tokens, st.source, st)
-        return model.logits(hidden[:, -1]).log_softmax(dim=-1)
+def _next_logits(model, state):
+    """Logits (N, V) after feeding `tokens` (N,) to the decoder state."""
+    def step(tokens, valid=None):
+        hidden, _ = model.decode(tokens[:, None], state=state)
+        return model.logits(hidden[:, -1])
 
     return step
 
 
 @torch.no_grad()
-def translate_greedy(model, encoded, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
-                     sampling: SamplingConfig = SamplingConfig(), use_cache: bool = True,
-                     generator: torch.Generator | None = None, return_logits: bool = False):
-    """Token by token; `use_cache=False` re-decodes the whole prefix each step (the reference)."""
-    n = encoded.memory.shape[0]
-    device = encoded.memory.device
-    tokens = torch.full((n, 1), bos_id, dtype=torch.long, device=device)
-    state = model.start_state(encoded) if use_cache else None
-    finished = torch.zeros(n, dtype=torch.bool, device=device)
-    all_logits = []
-    for t in range(int(max_lengths.max())):
-        if use_cache:
-            hidden, _ = model.decode(tokens[:, -1:], state.source, state)
-        else:
-            hidden, _ = model.decode(tokens, encoded)
-        logits = model.logits(hidden[:, -1])
-        all_logits.append(logits)
-        next_token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        tokens = torch.cat((tokens, next_token[:, None]), dim=1)
-        finished = finished | (next_token == eos_id) | (t + 1 >= max_lengths)
-        if bool(finished.all()):
-            break
-    out = strip_after_eos(tokens[:, 1:], eos_id, max_lengths)
-    return (out, torch.stack(all_logits, dim=1)) if return_logits else out
+def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
+                     sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None,
+                     return_logits: bool = False):
+    """Token by token after bos, each row within its budget `max_lengths` (B,)."""
+    state = model.start_state(encoded)
+    step = _next_logits(model, state)
+    bos = torch.full((len(max_lengths),), bos_id, dtype=torch.long, device=encoded.memory.device)
+    return token_loop(step, step(bos), max_lengths, eos_id=eos_id, pad_id=pad_id, sampling=sampling,
+                      generator=generator, return_logits=return_logits)
 
 
 @torch.no_grad()
-def translate_beam(model, encoded, max_lengths: torch.Tensor, bos_id: int, eos_id: int,
+def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int,
                    beam_size: int, alpha: float):
     state = model.start_state(encoded, repeat=beam_size)
+    step = _next_logits(model, state)
     n = encoded.memory.shape[0]
-    return beam_search(_step_log_probs(model, state), state, n, beam_size, bos_id, eos_id, max_lengths, alpha)
+    return beam_search(lambda last, st: step(last[:, 0]).log_softmax(dim=-1), state, n, beam_size,
+                       bos_id, eos_id, max_lengths, alpha)

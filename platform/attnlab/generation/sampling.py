@@ -12,8 +12,8 @@ from attnlab.errors import ConfigError
 class SamplingConfig:
     """temperature 0 is greedy; otherwise sample from the top_k / top_p filtered distribution.
 
-    beam_size > 1 uses beam search instead (encoder-decoder), ranked with the GNMT length
-    penalty `length_penalty` (alpha; 0.6 in the paper).
+    beam_size > 1 uses beam search instead (decoder-only and encoder-decoder), ranked with the
+    GNMT length penalty `length_penalty` (alpha; 0.6 in the paper).
     """
 
     temperature: float = 0.0

@@ -9,12 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlab.components import BackboneConfig, LayerCache, TransformerStack
+from attnlab.components import BackboneConfig, DecodeState, TransformerStack
 from attnlab.components.masks import (
-    block_diffusion_flex_mask, block_diffusion_mask, block_diffusion_visible, self_mask,
+    block_diffusion_flex_mask,
+    block_diffusion_mask,
+    block_diffusion_visible,
+    self_mask,
 )
 from attnlab.errors import ConfigError
-from attnlab.models.decoder_only import DecodeState
 
 MASK_BACKENDS = ("auto", "dense", "flex")
 
@@ -73,7 +75,7 @@ class BlockDiffusionModel(nn.Module):
 
     # ---- incremental: the sampler's path ---------------------------------------------------------
     def new_state(self, batch_size: int, device=None) -> DecodeState:
-        return DecodeState.empty(self.stack.new_caches(), batch_size, device)
+        return DecodeState.empty(len(self.stack.layers), batch_size, device)
 
     def advance(self, clean, clean_valid, noisy, state: DecodeState) -> torch.Tensor:
         """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.
@@ -87,12 +89,12 @@ class BlockDiffusionModel(nn.Module):
         if clean is None:
             clean = noisy.new_zeros(rows, 0)
             clean_valid = torch.ones_like(clean, dtype=torch.bool)
-        clean_positions = (state.next_position[:, None] + clean_valid.long().cumsum(1) - 1).clamp(min=0)
-        next_position = state.next_position + clean_valid.long().sum(1)
-        noisy_positions = next_position[:, None] + torch.arange(noisy.shape[1], device=device)
-        n_cached, n_clean = state.key_valid.shape[1], clean.shape[1]
-        key_valid = torch.cat((state.key_valid, clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1)
-        key_positions = torch.cat((state.key_positions, clean_positions, noisy_positions), dim=1)
+        n_cached, n_clean = len(state), clean.shape[1]
+        trial = state.fork()  # the noisy block's keys stay in the fork, dropped after this call
+        trial.append(clean_valid, state.positions_of(clean_valid))
+        noisy_valid = torch.ones_like(noisy, dtype=torch.bool)
+        trial.append(noisy_valid, trial.positions_of(noisy_valid))
+        key_valid, key_positions = trial.key_valid, trial.key_positions
         n_queries, n_keys = n_clean + noisy.shape[1], key_valid.shape[1]
         if n_clean == 0 and bool(key_valid.all()):
             mask = None  # a noisy block alone after an unpadded cache sees every key
@@ -105,14 +107,12 @@ class BlockDiffusionModel(nn.Module):
                 query_blocks[:, :, None], key_blocks[:, None, :], noisy_query[:, None], noisy_key[None, :]
             )
             mask = visible[:, None] | self_mask(n_queries, n_keys, device)
-        forks = [LayerCache(self_attn=cache.self_attn.fork()) for cache in state.caches]
         hidden, _ = self.stack(
-            torch.cat((clean, noisy), dim=1), torch.cat((clean_positions, noisy_positions), dim=1),
-            mask=mask, key_positions=key_positions, caches=forks,
+            torch.cat((clean, noisy), dim=1), key_positions[:, n_cached:],
+            mask=mask, key_positions=key_positions, caches=trial.caches,
         )
-        kept = n_cached + n_clean
-        for cache, fork in zip(state.caches, forks):
-            cache.self_attn.k, cache.self_attn.v = fork.self_attn.k[:, :, :kept], fork.self_attn.v[:, :, :kept]
-        state.key_valid, state.key_positions = key_valid[:, :kept], key_positions[:, :kept]
-        state.next_position = next_position
+        trial.truncate(n_cached + n_clean)
+        trial.next_position = trial.next_position - noisy.shape[1]
+        state.caches, state.key_valid, state.key_positions = trial.caches, trial.key_valid, trial.key_positions
+        state.next_position, state.padded = trial.next_position, trial.padded
         return self.logits(hidden[:, n_clean:])

@@ -6,28 +6,16 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from attnlab.components import BackboneConfig, LayerCache, TransformerStack
+from attnlab.components import BackboneConfig, DecodeState, TransformerStack
 from attnlab.components.masks import causal_mask, padding_mask
 
 
 @dataclass
 class EncodedSource:
-    memory: torch.Tensor | None  # (B, S, d); None once every layer's cross-attention K/V are cached
+    """The encoder's output for a batch of sources."""
+
+    memory: torch.Tensor  # (B, S, d)
     mask: torch.Tensor  # (B, 1, 1, S) bool, True on real source tokens
-
-
-@dataclass
-class DecoderState:
-    """Incremental decoding: per-layer self-attention K/V (growing) and cross-attention K/V (fixed)."""
-
-    caches: list[LayerCache]
-    source: EncodedSource
-    length: int = 0
-
-    def reorder(self, index: torch.Tensor) -> None:
-        for cache in self.caches:
-            cache.reorder(index)
-        self.source = EncodedSource(None, self.source.mask.index_select(0, index))
 
 
 class EncoderDecoderModel(nn.Module):
@@ -60,25 +48,27 @@ class EncoderDecoderModel(nn.Module):
         memory, weights = self.encoder(source, positions, mask=mask, need_weights=need_weights)
         return EncodedSource(memory, mask), weights
 
-    def decode(self, target_in: torch.Tensor, source: EncodedSource, state: DecoderState | None = None,
+    def decode(self, target_in: torch.Tensor, source: EncodedSource | None = None, state: DecodeState | None = None,
                need_weights: bool = False):
-        """Decoder hidden states for `target_in` (right-padded in training, new tokens with a state)."""
-        past = state.length if state is not None else 0
+        """Decoder hidden states for `target_in`: right-padded targets against `source` in training,
+        or the next tokens against a `state` from `start_state` (which holds the source's K/V)."""
+        past = len(state) if state is not None else 0
         n = target_in.shape[1]
         positions = torch.arange(past, past + n, device=target_in.device)
         if state is None:  # training: pads only follow real tokens, so causal alone is exact
             mask, is_causal = None, True
+            context, context_mask = source.memory, source.mask
         else:
             mask = causal_mask(n, past + n, target_in.device) if n > 1 else None
             is_causal = False
-            state.length += n
+            context, context_mask = None, state.context_mask
+            state.append(torch.ones_like(target_in, dtype=torch.bool), positions.expand_as(target_in))
         key_positions = torch.arange(past + n, device=target_in.device)
-        hidden, weights = self.decoder(
+        return self.decoder(
             target_in, positions, mask=mask, is_causal=is_causal, key_positions=key_positions,
-            context=source.memory, context_mask=source.mask,
+            context=context, context_mask=context_mask,
             caches=state.caches if state is not None else None, need_weights=need_weights,
         )
-        return hidden, weights
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.decoder.embedding.logits(hidden)
@@ -88,11 +78,12 @@ class EncoderDecoderModel(nn.Module):
         hidden, _ = self.decode(target_in, encoded)
         return self.logits(hidden)
 
-    def start_state(self, source: EncodedSource, repeat: int = 1) -> DecoderState:
-        """A decoding state whose cross-attention K/V are computed once per source, then repeated per beam."""
-        caches = self.decoder.new_caches()
-        for cache, layer in zip(caches, self.decoder.layers):
+    def start_state(self, source: EncodedSource, repeat: int = 1) -> DecodeState:
+        """A decoding state whose cross-attention K/V are computed once per source, then repeated
+        per beam; the memory itself is not kept (nor copied per beam step), only its mask."""
+        mask = source.mask.repeat_interleave(repeat, 0)
+        state = DecodeState.empty(len(self.decoder.layers), len(mask), mask.device, context_mask=mask)
+        for cache, layer in zip(state.caches, self.decoder.layers):
             k, v = layer.cross_attn.inner.project_kv(source.memory)
             cache.cross_attn.update(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
-        # The memory itself is no longer needed (and not copied per beam step): only its mask is.
-        return DecoderState(caches, EncodedSource(None, source.mask.repeat_interleave(repeat, 0)))
+        return state

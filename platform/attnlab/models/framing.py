@@ -16,6 +16,11 @@ def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index.clamp(0, values.shape[1] - 1))
 
 
+def is_plain_lm(batch: dict) -> bool:
+    """Plain language-modelling data (no source): the one test every layout and generator uses."""
+    return batch["source"].shape[1] == 0
+
+
 def frame_prefix_target(batch: dict, bos: int, sep: int, eos: int, pad: int):
     """`[bos] source [sep] target [eos]`, right-padded; labels predict the target and eos only.
 
@@ -24,7 +29,7 @@ def frame_prefix_target(batch: dict, bos: int, sep: int, eos: int, pad: int):
     """
     source, target = batch["source"], batch["target"]
     ls, lt = batch["source_lengths"][:, None], batch["target_lengths"][:, None]
-    lm_mode = source.shape[1] == 0
+    lm_mode = is_plain_lm(batch)
     tgt_start = 1 if lm_mode else ls + 2
     length = tgt_start + lt + (0 if lm_mode else 1)
     j = torch.arange(int(length.max()), device=target.device)[None, :]
@@ -46,7 +51,7 @@ def prompts_of(batch: dict, bos: int, sep: int) -> list[list[int]]:
     """`[bos] source [sep]` per example (just `[bos]` for plain LM data), unpadded."""
     prompts = []
     for row, n in zip(batch["source"].tolist(), batch["source_lengths"].tolist()):
-        prompts.append([bos] + row[:n] + [sep] if batch["source"].shape[1] else [bos])
+        prompts.append([bos] if is_plain_lm(batch) else [bos] + row[:n] + [sep])
     return prompts
 
 
@@ -105,7 +110,7 @@ def frame_blocks(batch: dict, bos: int, sep: int, eos: int, pad: int, block_size
     """
     source, target = batch["source"], batch["target"]
     ls, lt = batch["source_lengths"][:, None], batch["target_lengths"][:, None]
-    lm_mode = source.shape[1] == 0
+    lm_mode = is_plain_lm(batch)
     start = torch.ones_like(ls) if lm_mode else ls + 2
     n_targets = lt + (0 if lm_mode else 1)
     region = (n_targets + block_size - 1) // block_size * block_size

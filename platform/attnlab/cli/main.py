@@ -7,12 +7,15 @@ checkpoint and translates or continues text. User mistakes print one clear line 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import pickle
 import re
+import signal
 import sys
 
+from attnlab.cli.runtime import tune_allocator
 from attnlab.errors import AttnlabError
-from attnlab.runtime import tune_allocator
 
 LIGHTNING_VERBS = {
     "fit": "train a model: attnlab fit --config experiments/decoder_only.yaml",
@@ -54,7 +57,7 @@ def find_user_error(err: BaseException | None) -> AttnlabError | None:
         if isinstance(err, AttnlabError):
             return err
         if isinstance(err, pickle.UnpicklingError):  # torch.load(weights_only=True) met code to run
-            from attnlab.checkpoint import unpickling_refusal
+            from attnlab.checkpoints.reading import unpickling_refusal
 
             return unpickling_refusal("(--ckpt_path)", err)
         seen.add(id(err))
@@ -132,7 +135,7 @@ def _help() -> str:
 
 
 def generate_main(argv: list[str]) -> int:
-    from attnlab.checkpoint import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     parser = argparse.ArgumentParser(prog="attnlab generate", description=OTHER_VERBS["generate"])
     parser.add_argument("checkpoint", help="a .ckpt written by attnlab fit")
@@ -157,7 +160,7 @@ def generate_main(argv: list[str]) -> int:
 
 
 def average_main(argv: list[str]) -> int:
-    from attnlab.averaging import average_checkpoints
+    from attnlab.checkpoints.averaging import average_checkpoints
 
     parser = argparse.ArgumentParser(prog="attnlab average", description=OTHER_VERBS["average"])
     parser.add_argument("checkpoints", nargs="+", help="checkpoints of one run, e.g. runs/x/v/checkpoints/epoch*.ckpt")
@@ -202,6 +205,19 @@ VERB_MAINS = {"generate": generate_main, "average": average_main, "sweep": sweep
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console entry point; output cut short by its reader (`attnlab --help | head`) ends quietly."""
+    try:
+        try:
+            return run_verb(argv)
+        finally:
+            sys.stdout.flush()  # in the try (also after argparse's --help exit): a closed pipe shows here
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's own final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # what a shell reports for a command its reader stopped
+
+
+def run_verb(argv: list[str] | None = None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -220,11 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attnlab: error: unknown verb {verb!r}\n\n{_help()}", file=sys.stderr)
             return 2
         check_config_files(argv)
-        from attnlab.lightning_cli import AttnlabCLI
+        from attnlab.cli.lightning_cli import AttnlabCLI
 
         AttnlabCLI(args=None if from_command_line else argv)
-        from attnlab.guards import close_process_group
+        from attnlab.distributed.failures import close_process_group
 
+        gc.collect()  # the run's trainer and sharded model hold the process group: let them go first
         close_process_group()
         return 0
     except argparse.ArgumentError as err:  # a config key or value jsonargparse rejected
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - only user errors are caught, see below
         user_error = find_user_error(err)
         if user_error is None and not debug:  # another rank of a distributed run died or hung
-            from attnlab.guards import describe_distributed_failure
+            from attnlab.distributed.failures import describe_distributed_failure
 
             lost = describe_distributed_failure(err)
             if lost:

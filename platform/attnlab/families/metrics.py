@@ -11,7 +11,6 @@ from torch import nn
 from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
-
 # The keys every family logs per split: likelihoods (lower is better) and, when it generates,
 # generation scores and speed (higher is better). Checkpoint selection, sweeps and reports read these.
 LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")

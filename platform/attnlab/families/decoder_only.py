@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
+from attnlab.families.base import FamilyModule
 from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
-from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, target_losses
+from attnlab.models.losses import LossTerms, target_losses
 
 
 class DecoderOnly(FamilyModule):
@@ -39,14 +41,18 @@ class DecoderOnly(FamilyModule):
         max_new = self.max_output_length(batch["source_lengths"])  # one budget per row
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
-            return generate_beam(self.model, prompts, max_new, ids.eos, ids.pad, cfg.beam_size, cfg.length_penalty)
-        return generate(self.model, prompts, max_new, ids.eos, ids.pad, cfg)
+            return generate_beam(self.model, prompts, max_new_tokens=max_new, eos_id=ids.eos, pad_id=ids.pad,
+                                 beam_size=cfg.beam_size, alpha=cfg.length_penalty)
+        return generate(self.model, prompts, max_new_tokens=max_new, eos_id=ids.eos, pad_id=ids.pad, sampling=cfg)
+
+    def attention_stacks(self):
+        return {"decoder": self.model.stack}
 
     @torch.no_grad()
     def attention_weights(self, example):
         """The causal self-attention over `[bos] source [sep] target [eos]`, as in training."""
         ids = self.special
-        tokens, _ = frame_prefix_target(self._one_example(example), ids.bos, ids.sep, ids.eos, ids.pad)
+        tokens, _ = frame_prefix_target(self.collate_on_device([example]), ids.bos, ids.sep, ids.eos, ids.pad)
         _, weights = self.model.hidden(tokens, need_weights=True)
-        labels = self.piece_labels(tokens[0])
-        return [AttentionMap("self", self.stack_weights(weights, "self"), labels, labels)]
+        labels = token_labels(self, tokens[0])
+        return [AttentionMap("self", layer_weights(weights, "self"), labels, labels)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from lightning.pytorch.loggers import Logger
 
 from attnlab.errors import ConfigError
-from attnlab.resume import ResumableCSVLogger
+from attnlab.training.resume import ResumableCSVLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_ID_FILE = "wandb_id.txt"  # in the run folder: the id a resumed run continues
@@ -57,7 +57,7 @@ class RunOptions:
         """min or max for `monitor`: higher is better for the generation scores."""
         if self.monitor_mode:
             return self.monitor_mode
-        from attnlab.modules.metrics import GENERATION_METRICS
+        from attnlab.families.metrics import GENERATION_METRICS
 
         return "max" if self.monitor.rsplit("/", 1)[-1] in GENERATION_METRICS else "min"
 
@@ -121,7 +121,9 @@ def build_loggers(options: RunOptions, name: str, config: dict | None = None, re
 
         loggers.append(TensorBoardLogger(str(run_dir), name="tensorboard", version=""))
     if mode != "disabled":
-        from attnlab.wandb_fallback import FallbackWandbLogger  # offline, with one line, if online fails
+        from attnlab.loggers.wandb_fallback import (
+            FallbackWandbLogger,  # offline, with one line, if online fails
+        )
 
         run_dir.mkdir(parents=True, exist_ok=True)
         loggers.append(
@@ -153,7 +155,7 @@ def wandb_run_id(run_dir: Path, resume: bool) -> dict:
 def quiet_wandb_settings():
     import wandb
 
-    from attnlab.wandb_fallback import init_timeout
+    from attnlab.loggers.wandb_fallback import init_timeout
 
     # No console capture (it fights the progress bar) and never ask anything on stdin; an
     # unreachable server costs init_timeout seconds (30, WANDB_INIT_TIMEOUT), then we go offline.

@@ -14,6 +14,8 @@ from pathlib import Path
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
+from attnlab.compat import private_api as private
+
 # Seconds wandb.init may take online before we give up and go offline (wandb's own default: 90).
 # WANDB_INIT_TIMEOUT in the environment overrides it.
 DEFAULT_INIT_TIMEOUT = 30.0
@@ -34,7 +36,8 @@ class FallbackWandbLogger(WandbLogger):
     @property
     @rank_zero_experiment
     def experiment(self):
-        if self._experiment is None and not self._offline and self._wandb_init.get("mode") != "disabled":
+        if (private.get(self, "_experiment") is None and not private.get(self, "_offline")
+                and private.get(self, "_wandb_init").get("mode") != "disabled"):
             try:
                 return super().experiment
             except Exception as err:  # noqa: BLE001 - any failure to start online: go offline
@@ -55,16 +58,17 @@ class FallbackWandbLogger(WandbLogger):
             wandb.teardown()
         except Exception:  # noqa: BLE001
             pass
-        self._experiment = None
-        self._offline = True
-        self._wandb_init["mode"] = "offline"
+        private.put(self, "_experiment", None)
+        private.put(self, "_offline", True)
+        settings = private.get(self, "_wandb_init")
+        settings["mode"] = "offline"
         try:
             run = super().experiment
         except Exception:  # noqa: BLE001 - still in use: a new id, offline all the same
-            if "id" not in self._wandb_init:
+            if "id" not in settings:
                 raise
-            self._wandb_init.pop("id")
-            self._experiment = None
+            settings.pop("id")
+            private.put(self, "_experiment", None)
             run = super().experiment
         self.fell_back = True
         folder = Path(run.dir).parent if getattr(run, "dir", None) else Path(self.save_dir or ".")

@@ -36,7 +36,7 @@ def average_state_dicts(state_dicts: list[dict]) -> dict:
 
 def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
     """Write a checkpoint like the last of `paths` whose weights are the mean of all of them."""
-    from attnlab.checkpoint import read_checkpoint
+    from attnlab.checkpoints.reading import read_checkpoint
 
     output = Path(output)
     if output.exists():  # before reading anything: nothing of the user's is ever replaced
@@ -67,14 +67,14 @@ class CheckpointAveraging(L.Callback):
         self.path: Path | None = None
 
     def on_fit_start(self, trainer, pl_module):
-        if _fully_sharded(trainer) and getattr(trainer.strategy, "_state_dict_type", "full") != "full":
+        if _fully_sharded(trainer) and _state_dict_type(trainer.strategy) != "full":
             raise AttnlabError("CheckpointAveraging under FSDP needs single-file checkpoints: "
                                "set the strategy's state_dict_type to full")
 
     def on_train_epoch_end(self, trainer, pl_module):
         if _fully_sharded(trainer):
-            # Under FSDP the module's own state_dict misses the root unit's weights (embeddings,
-            # final norm); the strategy's is complete, on rank zero (a collective: every rank asks).
+            # Under FSDP the module's own state_dict holds shards (FSDP2) or misses the root unit's
+            # weights (FSDP1); the strategy's is complete, on rank zero (a collective: every rank asks).
             state = trainer.strategy.lightning_module_state_dict()
             self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
             return
@@ -104,6 +104,14 @@ class CheckpointAveraging(L.Callback):
 
 
 def _fully_sharded(trainer) -> bool:
+    """FSDP: attnlab's LayerWiseFSDP (FSDP2) or Lightning's FSDPStrategy (FSDP1)."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    return isinstance(trainer.strategy, FSDPStrategy)
+    from attnlab.distributed.fsdp import LayerWiseFSDP
+
+    return isinstance(trainer.strategy, (LayerWiseFSDP, FSDPStrategy))
+
+
+def _state_dict_type(strategy) -> str:
+    """"full" (single-file checkpoints) or "sharded" (LayerWiseFSDP's option; Lightning's FSDPStrategy keeps it private)."""
+    return getattr(strategy, "state_dict_type", "full")

@@ -11,12 +11,17 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import ConfigError
+from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
+from attnlab.families.base import FamilyModule
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
-from attnlab.models.masked_diffusion import example_noise, mask_blocks, sample_block_times
-from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, row_sums, token_losses
-
+from attnlab.models.losses import LossTerms, row_sums, token_losses
+from attnlab.models.masked_diffusion import (
+    example_noise,
+    mask_blocks,
+    sample_block_times,
+)
 
 NOISE_SEARCH_METRICS = ("val/noise_low", "val/noise_high", "val/noise_loss_var")  # logged with noise_search
 
@@ -175,18 +180,21 @@ class BlockDiffusion(FamilyModule):
                       batch_size=1, sync_dist=True)
 
     # ---- attention maps -----------------------------------------------------------------------------
+    def attention_stacks(self):
+        return {"decoder": self.model.stack}
+
     @torch.no_grad()
     def attention_weights(self, example):
         """One pass of `x_t ⊕ x_0` with every target token masked (t = 1, what the sampler's first
         step of each block sees). `clean`: the block-causal attention of the clean sequence
         `[bos] source [sep] target [eos] eos…` (it never sees noisy keys); `denoise`: the masked
         target's queries over all keys (its own block, noisy, and the clean blocks before it)."""
-        frame = self._frame(self._one_example(example))
+        frame = self._frame(self.collate_on_device([example]))
         target, blocks, positions = frame.target_view()
         noisy = torch.full_like(target, self.special.mask)
         _, weights = self.model.joint_pass(noisy, blocks, positions, frame.clean, frame.clean_blocks, need_weights=True)
-        weights, n = self.stack_weights(weights, "self"), noisy.shape[1]
-        clean, masked = self.piece_labels(frame.clean[0]), self.piece_labels(noisy[0])
+        weights, n = layer_weights(weights, "self"), noisy.shape[1]
+        clean, masked = token_labels(self, frame.clean[0]), token_labels(self, noisy[0])
         return [
             AttentionMap("clean", weights[:, :, n:, n:], clean, clean),
             AttentionMap("denoise", weights[:, :, :n], masked, masked + clean),
@@ -205,6 +213,6 @@ class BlockDiffusion(FamilyModule):
         prompts = prompts_of(batch, ids.bos, ids.sep)
         max_new = self.max_output_length(batch["source_lengths"])  # one budget per row
         return sample_blocks(
-            self.model, prompts, max_new, self.block_size, self.denoising_steps, ids.eos, ids.pad,
-            self.sampling, self.unmasking,
+            self.model, prompts, max_new_tokens=max_new, block_size=self.block_size, steps=self.denoising_steps,
+            eos_id=ids.eos, pad_id=ids.pad, sampling=self.sampling, unmasking=self.unmasking,
         )

@@ -24,6 +24,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.compat import private_api as private
+
 DEFAULT_CHECKPOINT_EVERY_N_STEPS = 200
 
 
@@ -34,9 +36,6 @@ class LastCheckpoint(ModelCheckpoint):
 
     def __init__(self, every_n_train_steps: int = DEFAULT_CHECKPOINT_EVERY_N_STEPS):
         super().__init__(save_top_k=0, save_last=True, every_n_train_steps=every_n_train_steps)
-
-    def set_every_n_train_steps(self, n: int) -> None:
-        self._every_n_train_steps = n
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -126,7 +125,7 @@ class _ContinuingWriter(ExperimentWriter):
         self.metrics_keys = sorted(header)
         self._pending_trim = self._kept is not None
 
-    def _check_log_dir_exists(self) -> None:
+    def _check_log_dir_exists(self) -> None:  # listed in attnlab.compat.private_api
         """Lightning's deletes metrics.csv and warns: here the file is continued."""
 
     def save(self) -> None:
@@ -147,7 +146,7 @@ class _ContinuingWriter(ExperimentWriter):
                 return True
 
             rows = [r for r in (self._kept or []) if kept(r)]
-            self._record_new_keys()
+            private.get(self, "_record_new_keys")()
             with open(self.metrics_file_path, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
                 writer.writeheader()
@@ -165,9 +164,9 @@ class ResumableCSVLogger(CSVLogger):
 
     @property
     def experiment(self):
-        if self._experiment is None and self._resume and rank_zero_only.rank == 0:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
+        if private.get(self, "_experiment") is None and self._resume and rank_zero_only.rank == 0:
+            private.get(self, "_fs").makedirs(self.root_dir, exist_ok=True)
+            private.put(self, "_experiment", _ContinuingWriter(log_dir=self.log_dir))
         return super().experiment
 
 

@@ -21,37 +21,69 @@ from attnlab.errors import AttnlabError
 LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc")
 
 
-def unpickling_refusal(path, err: BaseException, what: str = "checkpoint") -> AttnlabError:
-    """The message for a file torch.load(weights_only=True) refused: it names what would have run."""
+ZIP_MAGIC, PICKLE_PROTOCOL = b"PK\x03\x04", 0x80  # torch.save's zip format; its legacy pickle format
+
+
+def would_run_code(err: BaseException) -> str | None:
+    """The callable a file names when torch.load(weights_only=True) refused it for running code, if so."""
     text = str(err)
     found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"Unsupported global: ([\w.]+)", text)
-    detail = f"it would call {found.group(1)}" if found else (text.splitlines()[0][:200] if text else type(err).__name__)
+    return found.group(1) if found else None
+
+
+def unpickling_refusal(path, err: BaseException, what: str = "checkpoint") -> AttnlabError:
+    """The message for a file torch.load(weights_only=True) refused: it names what would have run,
+    or says the file is not a checkpoint at all (torch's unpickler also fails on any other bytes)."""
+    name = would_run_code(err)
+    if name is None:
+        return not_a_checkpoint(path, str(err) or type(err).__name__, what)
+    detail = f"it would call {name}"
     return AttnlabError(
         f"{what} {path} holds objects that could run code when loaded ({detail}); refusing it: "
         "attnlab loads checkpoints only with torch.load(weights_only=True); use one written by `attnlab fit`"
     )
 
 
-def read_checkpoint(path: str | Path, arg: str = "checkpoint", family: str | None = None,
-                    map_location: str = "cpu", mmap: bool = False) -> dict:
-    """The checkpoint dict at `path`, loaded with weights_only=True, checked to be attnlab's
-    (and of `family`, when given); AttnlabError naming `arg` and the file otherwise."""
-    from attnlab.modules import FAMILIES
+def not_a_checkpoint(path, reason: str, what: str = "checkpoint") -> AttnlabError:
+    reason = reason.splitlines()[0][:200]
+    return AttnlabError(
+        f"{what} {path} is truncated or not a torch checkpoint ({reason}); "
+        "use a complete .ckpt written by `attnlab fit` (a copy may have been cut short)"
+    )
+
+
+def _sniff(path: Path) -> str | None:
+    """Why a file cannot be a torch checkpoint, from its first bytes (None: it may be one)."""
+    with path.open("rb") as f:
+        head = f.read(64)
+    if head.startswith(ZIP_MAGIC) or (head and head[0] == PICKLE_PROTOCOL):
+        return None
+    if not head:
+        return "the file is empty"
+    try:
+        return f"it is text, starting {head.decode('utf-8').splitlines()[0][:40]!r}"
+    except UnicodeDecodeError:
+        return f"its first bytes {head[:8]!r} are neither a zip archive nor a pickle"
+
+
+def read_checkpoint(path: str | Path, arg: str = "checkpoint", map_location: str = "cpu", mmap: bool = False) -> dict:
+    """The checkpoint dict at `path`, loaded with weights_only=True and checked to be attnlab's
+    (whether it fits a model is `check_fits`); AttnlabError naming `arg` and the file otherwise."""
+    from attnlab.families import FAMILIES
 
     path = Path(path).expanduser()
     if not path.is_file():
         what = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"
         raise AttnlabError(f"{arg}: {path} {what}; pass the path of a .ckpt file from a run's checkpoints/ folder")
+    not_torch = _sniff(path)
+    if not_torch:
+        raise not_a_checkpoint(path, not_torch, what=f"{arg}:")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise unpickling_refusal(path, err, what=f"{arg}:") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
-        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        raise AttnlabError(
-            f"{arg}: {path} is truncated or not a torch checkpoint ({reason}); "
-            "use a complete .ckpt written by `attnlab fit` (a copy may have been cut short)"
-        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as err:
+        raise not_a_checkpoint(path, str(err) or type(err).__name__, what=f"{arg}:") from None
     meta = ckpt.get("attnlab") if isinstance(ckpt, dict) else None
     recorded = meta.get("family") if isinstance(meta, dict) else None
     if recorded is None or not isinstance(ckpt.get("state_dict"), dict) or "hyper_parameters" not in ckpt:
@@ -64,17 +96,12 @@ def read_checkpoint(path: str | Path, arg: str = "checkpoint", family: str | Non
             f"{arg}: {path} holds a model of family {recorded!r}, which this attnlab does not know "
             f"(it has {', '.join(sorted(FAMILIES))})"
         )
-    if family is not None and recorded != family:
-        raise AttnlabError(
-            f"{arg}: {path} holds a model of family {recorded!r} but the config builds {family!r}: "
-            "pass the config the checkpoint was trained with"
-        )
     return ckpt
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu"):
     """Return (LightningModule in eval mode with its tokenizer, raw checkpoint dict)."""
-    from attnlab.modules import FAMILIES
+    from attnlab.families import FAMILIES
     from data_modules.tokenizer import Tokenizer
 
     ckpt = read_checkpoint(path, map_location=map_location)
@@ -89,11 +116,16 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu"):
     return module.eval(), ckpt
 
 
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A folder written by torch.distributed.checkpoint (FSDP's state_dict_type: sharded)."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
 def check_ckpt_path_arg(config) -> tuple[Path, dict] | None:
     """`--ckpt_path` of a LightningCLI verb, checked right after parsing (see AttnlabCLI).
 
-    Aliases Lightning resolves itself (last, best, hpc, registry...) and folders (sharded FSDP
-    checkpoints) are left to Lightning.
+    Aliases Lightning resolves itself (last, best, hpc, registry...) and sharded FSDP checkpoint
+    folders are left to Lightning; any other folder is refused here.
     """
     subcommand = config.get("subcommand") if hasattr(config, "get") else None
     if not subcommand:
@@ -103,22 +135,7 @@ def check_ckpt_path_arg(config) -> tuple[Path, dict] | None:
     if not ckpt_path:
         return None
     path = Path(str(ckpt_path)).expanduser()
-    if path.is_dir() or (not path.exists() and (str(ckpt_path) in LIGHTNING_CKPT_ALIASES or str(ckpt_path).startswith("registry"))):
+    if is_sharded_checkpoint(path) or (not path.exists() and (str(ckpt_path) in LIGHTNING_CKPT_ALIASES
+                                                               or str(ckpt_path).startswith("registry"))):
         return None
-    return path, read_checkpoint(path, arg="--ckpt_path", family=_config_family(section), mmap=True)
-
-
-def _config_family(section) -> str | None:
-    """The family (`decoder_only` ...) of the model class the parsed config names, if it can tell."""
-    import importlib
-
-    model = section.get("model") if section is not None else None
-    class_path = model.get("class_path") if model is not None and hasattr(model, "get") else None
-    if not class_path or "." not in str(class_path):
-        return None
-    module_name, _, name = str(class_path).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError):
-        return None
-    return getattr(cls, "family", None)
+    return path, read_checkpoint(path, arg="--ckpt_path", mmap=True)

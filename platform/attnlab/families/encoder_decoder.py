@@ -4,10 +4,12 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import ConfigError
+from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
+from attnlab.families.base import FamilyModule
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from attnlab.models.encoder_decoder import EncoderDecoderModel
 from attnlab.models.framing import IGNORE, frame_source_target
-from attnlab.modules.base import AttentionMap, FamilyModule, LossTerms, target_losses
+from attnlab.models.losses import LossTerms, target_losses
 
 
 class EncoderDecoder(FamilyModule):
@@ -51,8 +53,10 @@ class EncoderDecoder(FamilyModule):
         max_lengths = self.max_output_length(batch["source_lengths"])
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
-            return translate_beam(self.model, encoded, max_lengths, ids.bos, ids.eos, cfg.beam_size, cfg.length_penalty)
-        return translate_greedy(self.model, encoded, max_lengths, ids.bos, ids.eos, ids.pad, cfg)
+            return translate_beam(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
+                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty)
+        return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
+                                pad_id=ids.pad, sampling=cfg)
 
     def attention_stacks(self):
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}
@@ -61,12 +65,12 @@ class EncoderDecoder(FamilyModule):
     def attention_weights(self, example):
         """Encoder self-attention over `source [eos]`, decoder self-attention over `[bos] target`,
         and the decoder→encoder cross-attention (the alignment), teacher-forced."""
-        source, source_valid, decoder_in, _ = self._frame(self._one_example(example))
+        source, source_valid, decoder_in, _ = self._frame(self.collate_on_device([example]))
         encoded, encoder_weights = self.model.encode(source, source_valid, need_weights=True)
         _, decoder_weights = self.model.decode(decoder_in, encoded, need_weights=True)
-        src, tgt = self.piece_labels(source[0]), self.piece_labels(decoder_in[0])
+        src, tgt = token_labels(self, source[0]), token_labels(self, decoder_in[0])
         return [
-            AttentionMap("encoder_self", self.stack_weights(encoder_weights, "self"), src, src),
-            AttentionMap("decoder_self", self.stack_weights(decoder_weights, "self"), tgt, tgt),
-            AttentionMap("cross", self.stack_weights(decoder_weights, "cross"), tgt, src),
+            AttentionMap("encoder_self", layer_weights(encoder_weights, "self"), src, src),
+            AttentionMap("decoder_self", layer_weights(decoder_weights, "self"), tgt, tgt),
+            AttentionMap("cross", layer_weights(decoder_weights, "cross"), tgt, src),
         ]

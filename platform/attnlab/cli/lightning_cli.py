@@ -9,13 +9,16 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from attnlab.averaging import CheckpointAveraging
-from attnlab.guards import ChildProcessReaper, NonFiniteLossGuard
-from attnlab.modules.base import FamilyModule
-from attnlab.per_example import PerExampleWriter, gather_rows
-from attnlab.resume import LastCheckpoint, RngStates, last_checkpoint
-from attnlab.run_logging import RunOptions, build_loggers, describe_run
-from attnlab.run_summary import RunSummary
+from attnlab.checkpoints.averaging import CheckpointAveraging
+from attnlab.checkpoints.checks import check_fits
+from attnlab.cli.preflight import check_accelerator, check_run_root
+from attnlab.distributed.failures import ChildProcessReaper
+from attnlab.families.base import FamilyModule
+from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
+from attnlab.training.guards import NonFiniteLossGuard
+from attnlab.training.per_example import PerExampleWriter, gather_rows
+from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
+from attnlab.training.run_summary import RunSummary
 from data_modules.base import TokenizedDataModule
 
 
@@ -29,7 +32,7 @@ class AttnlabCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [
                 # the best-by-run.monitor ModelCheckpoint (and EarlyStopping) join in instantiate_trainer
-                LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.resume
+                LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.training.resume
                 RngStates(),
                 RunSummary(),
                 NonFiniteLossGuard(),
@@ -50,27 +53,46 @@ class AttnlabCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.special_ids", "model.init_args.special_ids", apply_on="instantiate")
 
-    def _parse_ckpt_path(self) -> None:
-        """The model is built from --config; --ckpt_path only restores its state.
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then read a --ckpt_path file before anything is built or written: it must load
+        with weights_only=True and be attnlab's (`check_fits` later checks it against the model).
 
-        (Lightning would re-parse the checkpoint's hparams as the model config, which loses the
-        family's class; FamilyModule.on_load_checkpoint checks the family instead.)
-        Here the file is only checked, before anything is built or written: it must load with
-        weights_only=True, be attnlab's and hold the family the config builds.
+        The path is held back until `before_instantiate_classes`: the model is built from --config,
+        and Lightning would otherwise re-parse the checkpoint's hparams as the model's config (which
+        loses the family's class); --ckpt_path only restores state.
         """
-        from attnlab.checkpoint import check_ckpt_path_arg
+        from attnlab.checkpoints.reading import check_ckpt_path_arg
 
+        super().parse_arguments(parser, args)
         self._checked_ckpt = check_ckpt_path_arg(self.config)
+        subcommand = self.config.get("subcommand")
+        self._held_ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if self._held_ckpt_path:
+            self.config[subcommand]["ckpt_path"] = None
 
-    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
-        """Checkpoints given with --ckpt_path load with weights_only=True unless asked otherwise:
-        a checkpoint from elsewhere must not be able to run code."""
-        kwargs = super()._prepare_subcommand_kwargs(subcommand)
-        if subcommand == "fit" and getattr(self, "_resume_from", None) is not None:
-            kwargs["ckpt_path"] = self._resume_from[0]
-        if "weights_only" in self._subcommand_method_arguments[subcommand] and kwargs.get("weights_only") is None:
-            kwargs["weights_only"] = True
-        return kwargs
+    def before_instantiate_classes(self) -> None:
+        if self._held_ckpt_path:
+            self.config[self.subcommand]["ckpt_path"] = self._held_ckpt_path
+
+    def _before_subcommand(self) -> None:
+        """What the Trainer method gets: the checkpoint `fit` resumes from, and weights_only=True
+        unless asked otherwise (a checkpoint from elsewhere must not be able to run code)."""
+        section = self.config_init[self.subcommand]
+        if self.subcommand == "fit" and getattr(self, "_resume_from", None) is not None:
+            section["ckpt_path"] = self._resume_from[0]
+        if "weights_only" in section and section["weights_only"] is None:
+            section["weights_only"] = True
+
+    before_fit = before_validate = before_test = before_predict = _before_subcommand
+
+    def setting(self, config, key: str, default=None):
+        """A value of the parsed config, inside the subcommand's section when there is one."""
+        return config.get(str(self.subcommand), config).get(key, default)
+
+    def config_as_dict(self) -> dict:
+        """The whole parsed config as plain data (what config.yaml holds), for the loggers."""
+        dumped = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml"))
+        return dumped[self.config.subcommand] if "subcommand" in self.config else dumped
 
     def _experiment_name(self) -> str:
         """run.name, else the config's path under experiments/ without .yaml (multi30k/decoder_only).
@@ -78,10 +100,10 @@ class AttnlabCLI(LightningCLI):
         The config is the last one that sets `model`: a trainer fragment added after it
         (experiments/distributed/fsdp.yaml) does not rename the run.
         """
-        options = self._get(self.config, "run")
+        options = self.setting(self.config, "run")
         if options.name:
             return options.name
-        configs = self._get(self.config, "config") or []
+        configs = self.setting(self.config, "config") or []
         if not configs:
             return type(self.model).family
         experiments = [c for c in configs if _sets_model(c)] or configs
@@ -92,24 +114,28 @@ class AttnlabCLI(LightningCLI):
         return path.name
 
     def _check_before_writing(self) -> None:
-        """Mistakes only visible once model and data exist, caught before the run folder is
-        written (config.yaml, loggers): a learned position table too short for the data, and a
-        --ckpt_path of the right family but another size, `test` of data without a test split."""
+        """Mistakes caught before the run folder is written (config.yaml, loggers): no such
+        accelerator, a run root that cannot be created, a learned position table too short for
+        the data, a --ckpt_path that does not fit the model, `test` of data without a test split."""
         model, datamodule = self.model, self.datamodule
+        trainer_config = self.setting(self.config_init, "trainer", default={})
+        check_accelerator(trainer_config.get("accelerator"), trainer_config.get("devices"))
+        check_run_root(self.setting(self.config_init, "run").root)
         if self.subcommand == "test" and isinstance(datamodule, TokenizedDataModule):
             datamodule.examples("test")  # ConfigError naming the setting that adds the split
-        if isinstance(model, FamilyModule) and datamodule is not None and model.backbone.positional == "learned":
-            model._check_position_table(datamodule)
+        if isinstance(model, FamilyModule) and datamodule is not None:
+            model.check_position_table(datamodule)
         checked, self._checked_ckpt = getattr(self, "_checked_ckpt", None), None
         if isinstance(model, FamilyModule) and checked is not None:
-            model._check_checkpoint_shapes(checked[1], source=f"--ckpt_path {checked[0]}")
+            check_fits(model, checked[1], source=f"--ckpt_path {checked[0]}")
+            model.checkpoint_checked = True
         if self.subcommand == "fit" and isinstance(model, FamilyModule):
-            model.check_monitor(self._get(self.config_init, "run").monitor,
+            model.check_monitor(self.setting(self.config_init, "run").monitor,
                                 datamodule if isinstance(datamodule, TokenizedDataModule) else None)
 
     def _selection_callbacks(self) -> list:
         """The best checkpoint by run.monitor (best-{epoch}-{step}.ckpt) and, with run.patience, early stopping."""
-        options = self._get(self.config_init, "run")
+        options = self.setting(self.config_init, "run")
         callbacks = [ModelCheckpoint(monitor=options.monitor, mode=options.mode, filename="best-{epoch}-{step}",
                                      auto_insert_metric_name=True)]
         if options.patience is not None:
@@ -118,28 +144,25 @@ class AttnlabCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         self._check_before_writing()
-        trainer_config = self._get(self.config_init, "trainer", default={})
-        defaults = [c for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping)]
+        trainer_config = self.setting(self.config_init, "trainer", default={})
+        every = self.setting(self.config_init, "run").checkpoint_every_n_steps
+        defaults = [LastCheckpoint(every) if isinstance(c, LastCheckpoint) else c
+                    for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping)]
         self.trainer_defaults["callbacks"] = self._selection_callbacks() + defaults
         self._resume_from = self._find_resume()
         if trainer_config.get("logger") in (None, True):
-            self._dump_config()
             kwargs["logger"] = build_loggers(
-                self._get(self.config_init, "run"), self._experiment_name(), config=self.config_dump,
+                self.setting(self.config_init, "run"), self._experiment_name(), config=self.config_as_dict(),
                 resume=self._resume_from is not None and self._resume_from[1],
             )
         trainer = super().instantiate_trainer(**kwargs)
-        every = self._get(self.config_init, "run").checkpoint_every_n_steps
-        for callback in trainer.callbacks:
-            if isinstance(callback, LastCheckpoint):
-                callback.set_every_n_train_steps(every)
         if self.subcommand == "fit":
             self._announce_run(trainer)
         return trainer
 
     def _run_dir(self) -> Path | None:
         """runs/<name>/<version>, when --run.version names it (a timestamped run has none yet)."""
-        options = self._get(self.config_init, "run")
+        options = self.setting(self.config_init, "run")
         return Path(options.root) / self._experiment_name() / options.version if options.version else None
 
     def _find_resume(self) -> tuple[str, bool] | None:
@@ -151,7 +174,7 @@ class AttnlabCLI(LightningCLI):
         """
         if self.subcommand != "fit":
             return None
-        ckpt_path, run_dir = self._get(self.config, "ckpt_path"), self._run_dir()
+        ckpt_path, run_dir = self.setting(self.config, "ckpt_path"), self._run_dir()
         last = last_checkpoint(run_dir) if run_dir is not None else None
         if ckpt_path is None or str(ckpt_path) == "last":
             if last is None:
@@ -173,7 +196,7 @@ class AttnlabCLI(LightningCLI):
         loggers = trainer.loggers
         if not loggers or self._resume_from is not None:
             return
-        if self._get(self.config_init, "run").version is None:
+        if self.setting(self.config_init, "run").version is None:
             how = f"the same command plus --run.version {Path(loggers[0].log_dir).name}"
         else:
             how = "the same command"

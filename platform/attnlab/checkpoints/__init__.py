@@ -1,0 +1,1 @@
+"""Checkpoint files: reading them safely and checking they fit (reading.py), averaging them (averaging.py)."""

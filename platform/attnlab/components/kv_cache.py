@@ -1,0 +1,162 @@
+"""What incremental decoding remembers, for every family: one DecodeState over per-layer KV caches.
+
+DecodeState holds each layer's self-attention cache (growing) and cross-attention cache (filled
+once per source), plus each key's validity and position, so left-padded prompts, beams
+(`reorder`) and block diffusion's trial blocks (`fork`, `truncate`) all use the same object.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far by one attention layer.
+
+    Self-attention appends every step; cross-attention is filled once per source (`static`).
+    Keys are stored after the rotary rotation, so cached positions are never recomputed.
+    Appends write into a buffer with spare room (doubled when full), so a step copies only the
+    new keys, not the whole cache as torch.cat would. `k` / `v` are views of the filled part;
+    whoever replaces them (a fork's result, a reorder) simply gets a fresh buffer at the next append.
+    """
+
+    MIN_CAPACITY = 64
+
+    def __init__(self, static: bool = False):
+        self.static = static
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None or self.static:
+            self.k, self.v = k, v
+            return k, v
+        n, total = len(self), len(self) + k.shape[2]
+        k_buffer, v_buffer = self._room_for(total)
+        k_buffer[:, :, n:total] = k
+        v_buffer[:, :, n:total] = v
+        self.k, self.v = k_buffer[:, :, :total], v_buffer[:, :, :total]
+        return self.k, self.v
+
+    def _owns_buffers(self) -> bool:
+        """True when k / v are still the leading part of this cache's own buffers."""
+        if self._buffers is None:
+            return False
+        k_buffer, v_buffer = self._buffers
+        return (self.k.data_ptr() == k_buffer.data_ptr() and self.v.data_ptr() == v_buffer.data_ptr()
+                and self.k.shape[:2] == k_buffer.shape[:2] and self.k.stride() == k_buffer.stride())
+
+    def _room_for(self, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._owns_buffers() and self._buffers[0].shape[2] >= total:
+            return self._buffers
+        capacity = max(2 * total, self.MIN_CAPACITY)
+        buffers = []
+        for cached in (self.k, self.v):
+            buffer = cached.new_empty(*cached.shape[:2], capacity, cached.shape[3])
+            buffer[:, :, : cached.shape[2]] = cached
+            buffers.append(buffer)
+        self._buffers = tuple(buffers)
+        return self._buffers
+
+    def fork(self) -> "KVCache":
+        """A cache that starts from this one's keys and values (no copy) but whose updates stay
+        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised."""
+        other = KVCache(self.static)
+        other.k, other.v = self.k, self.v
+        return other
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n keys and values (a view: the room after them is reused by appends)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select rows (beam search keeps the surviving hypotheses); the spare room moves along."""
+        if self.k is None:
+            return
+        n = len(self)
+        if self._owns_buffers():
+            self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
+            self.k, self.v = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
+        else:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+@dataclass
+class LayerCache:
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
+    def fork(self) -> "LayerCache":
+        return LayerCache(self.self_attn.fork(), self.cross_attn)
+
+    def truncate(self, n: int) -> None:
+        self.self_attn.truncate(n)
+
+
+@dataclass
+class DecodeState:
+    """Per-layer caches plus what the next call needs to mask and place its tokens.
+
+    key_valid (B, Lk) bool and key_positions (B, Lk) describe the cached keys; next_position (B,)
+    is where the next real token goes; `padded`: has any key been padding (until then no call
+    needs a mask); context_mask (B, 1, 1, S): the source tokens cross-attention may see.
+    """
+
+    caches: list[LayerCache]
+    key_valid: torch.Tensor
+    key_positions: torch.Tensor
+    next_position: torch.Tensor
+    padded: bool = False
+    context_mask: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, n_layers: int, batch_size: int, device=None, context_mask=None) -> "DecodeState":
+        nothing = torch.zeros(batch_size, 0, device=device)
+        return cls([LayerCache() for _ in range(n_layers)], nothing.bool(), nothing.long(),
+                   torch.zeros(batch_size, dtype=torch.long, device=device), context_mask=context_mask)
+
+    def __len__(self) -> int:
+        """Keys cached so far (padding included)."""
+        return self.key_valid.shape[1]
+
+    def positions_of(self, valid: torch.Tensor) -> torch.Tensor:
+        """Positions (B, n) of new tokens with validity `valid`: real tokens count on from
+        next_position, padding takes the position of the token after it (it is never attended)."""
+        return (self.next_position[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+
+    def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Record keys of new tokens (their K/V join the caches in the stack's forward)."""
+        self.key_valid = torch.cat((self.key_valid, valid), dim=1)
+        self.key_positions = torch.cat((self.key_positions, positions), dim=1)
+        self.next_position = self.next_position + valid.long().sum(1)
+        self.padded = self.padded or not bool(valid.all())
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (beam search's surviving hypotheses), caches included."""
+        for cache in self.caches:
+            cache.reorder(index)
+        self.key_valid = self.key_valid.index_select(0, index)
+        self.key_positions = self.key_positions.index_select(0, index)
+        self.next_position = self.next_position.index_select(0, index)
+        if self.context_mask is not None:
+            self.context_mask = self.context_mask.index_select(0, index)
+
+    def fork(self) -> "DecodeState":
+        """A state that reads this one's caches but whose appends stay its own."""
+        return replace(self, caches=[cache.fork() for cache in self.caches])
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n keys: block diffusion drops a trial block's keys after a step."""
+        for cache in self.caches:
+            cache.truncate(n)
+        self.key_valid, self.key_positions = self.key_valid[:, :n], self.key_positions[:, :n]

@@ -1,0 +1,219 @@
+"""The family contract and the training loop every family shares.
+
+A family subclasses FamilyModule, builds its nn.Module in `__init__` and implements the abstract
+methods below; optimizer, schedule, training step, compilation, checkpoint metadata and the
+evaluation loop (`EvaluationSteps`) come from here and use nothing else of the family.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, replace
+
+import lightning as L
+import torch
+
+from attnlab.checkpoints.checks import check_fits
+from attnlab.components import BackboneConfig
+from attnlab.errors import ConfigError
+from attnlab.families.evaluation import EvaluationSteps
+from attnlab.families.metrics import EvalMetrics
+from attnlab.families.optim import OptimizerConfig, build_optimizer
+from attnlab.generation import SamplingConfig
+from attnlab.models.losses import LossTerms
+from data_modules.batch import Example, SpecialIds, collate
+
+
+def _coerce(cls, value):
+    """A private copy of a config given as a dataclass (CLI), a dict (checkpoint) or None."""
+    if value is None:
+        return cls()
+    return replace(value) if isinstance(value, cls) else cls(**value)
+
+
+class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
+    family: str  # the name checkpoints record ("decoder_only", ...)
+    compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)
+
+    def __init__(
+        self,
+        backbone: BackboneConfig = BackboneConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        generation: SamplingConfig = SamplingConfig(),
+        vocab_size: int = 0,
+        special_ids: SpecialIds | None = None,
+        eval_every_n_epochs: int = 1,
+        num_examples: int = 3,
+        compile: bool = False,
+    ):
+        """vocab_size and special_ids are linked from the data module; do not set them in a config.
+
+        compile: torch.compile the transformer stacks when a Trainer runs (see `configure_model`);
+        it pays on a GPU. Weights and checkpoints are the same either way.
+        """
+        super().__init__()
+        self.backbone = _coerce(BackboneConfig, backbone)
+        self.optim = _coerce(OptimizerConfig, optimizer)
+        self.sampling = _coerce(SamplingConfig, generation)
+        self.special = _coerce(SpecialIds, special_ids)
+        if vocab_size < 1:
+            raise ConfigError(
+                "model vocab_size is not set: it is linked from the data module's tokenizer "
+                "(run through `attnlab fit --config ...`, or pass vocab_size=datamodule.vocab_size)"
+            )
+        if eval_every_n_epochs < 0:
+            raise ConfigError(f"model.eval_every_n_epochs={eval_every_n_epochs} must be >= 0 (0 = never)")
+        if not isinstance(compile, bool):
+            raise ConfigError(f"model.init_args.compile={compile!r} must be true or false")
+        self.vocab_size = vocab_size
+        self.eval_every_n_epochs = eval_every_n_epochs
+        self.num_examples = num_examples
+        self.compile_model = compile  # not `self.compile`: that is nn.Module.compile
+        self._compiled = False
+        self.checkpoint_checked = False  # set once a checkpoint about to load was checked to fit
+        # Plain dicts only, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters({
+            "backbone": asdict(self.backbone), "optimizer": asdict(self.optim),
+            "generation": asdict(self.sampling), "vocab_size": vocab_size,
+            "special_ids": asdict(self.special), "eval_every_n_epochs": eval_every_n_epochs,
+            "num_examples": num_examples, "compile": compile,
+        })
+        self.val_metrics, self.test_metrics = EvalMetrics(), EvalMetrics()
+        self.examples: list[tuple[str, str, str]] = []
+        self.example_records: list[dict] = []  # per-example values of a test / validate run (attnlab.training.per_example)
+        self.tokenizer = None  # set from the data module at setup, or from a checkpoint
+
+    # ---- what a family provides ------------------------------------------------------------------
+    @abstractmethod
+    def loss_terms(self, batch: dict) -> LossTerms:
+        """Per-row training loss and NLL sums, target tokens per row, and the input tokens."""
+
+    @abstractmethod
+    def generate_ids(self, batch: dict) -> list[list[int]]:
+        """Generated token ids per row (without eos), within each row's `max_output_length`."""
+
+    @abstractmethod
+    def positions_needed(self, source_length: int, target_length: int) -> int:
+        """Longest position index + 1 that training and generation use for one example."""
+
+    @abstractmethod
+    def attention_stacks(self) -> dict:
+        """The TransformerStacks by name, so head ablation can name modules `decoder.0.self`."""
+
+    @abstractmethod
+    def attention_weights(self, example: Example) -> list:
+        """Teacher-forced attention of one example, one AttentionMap per attention kind."""
+
+    def max_output_length(self, source_length):
+        """Most tokens to generate: generation.max_new_tokens, else the paper's source length + 50;
+        an int, or one budget per row for a tensor of source lengths."""
+        configured = self.sampling.max_new_tokens
+        if configured is None:
+            return source_length + 50
+        return torch.full_like(source_length, configured) if torch.is_tensor(source_length) else configured
+
+    # ---- training ----------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        try:
+            datamodule = getattr(self.trainer, "datamodule", None)
+        except RuntimeError:  # not attached to a Trainer
+            datamodule = None
+        if datamodule is not None and getattr(datamodule, "tokenizer", None) is not None:
+            self.tokenizer = datamodule.tokenizer
+            self.check_position_table(datamodule)
+
+    def check_position_table(self, datamodule) -> None:
+        """Fail before training, not at the first generation, when data outgrows the learned table."""
+        if self.backbone.positional != "learned":
+            return
+        limit = self.backbone.max_positions
+        for split in datamodule.splits:
+            for example in datamodule.examples(split):
+                need = self.positions_needed(len(example.source), len(example.target))
+                if need > limit:
+                    raise ConfigError(
+                        f"a {split} example needs {need} positions (source {len(example.source)} and "
+                        f"target {len(example.target)} tokens, plus generation) but the learned table has "
+                        f"backbone.max_positions={limit}: raise backbone.max_positions to at least {need}, "
+                        "lower generation.max_new_tokens, or use another positional encoding"
+                    )
+
+    def configure_model(self) -> None:
+        """With `compile`, torch.compile every transformer stack, once, in place.
+
+        In place (nn.Module.compile), so state-dict keys stay clean and a checkpoint loads into an
+        eager model; the stacks, because every family path goes through their forward. `dynamic`:
+        batches vary in length. Generation runs eagerly (`_eager_generation`): its growing caches
+        would make a new graph at nearly every step, for kernels too small to gain.
+        """
+        if self.compile_model and not self._compiled:
+            for stack in self.attention_stacks().values():
+                stack.compile(dynamic=True, backend=self.compile_backend)
+            self._compiled = True
+
+    def _eager_generation(self):
+        """A context in which compiled stacks run as plain eager modules (see `configure_model`)."""
+        return torch.compiler.set_stance("force_eager") if self._compiled else contextlib.nullcontext()
+
+    def configure_optimizers(self):
+        total = int(self.trainer.estimated_stepping_batches) if self.optim.schedule == "cosine" else 0
+        return build_optimizer(self, self.optim, total, self.backbone.d_model)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        terms = self.loss_terms(batch)
+        loss_sum, n_targets = terms.loss.sum(), terms.targets.sum().to(terms.loss.dtype)
+        world = self.trainer.world_size
+        if world > 1:
+            # Normalise by the global batch's token count, as one process holding it would: the
+            # strategy averages gradients over ranks, so each rank scales its sum by world / global
+            # tokens (fairseq's rule; per-rank means would weight ranks equally).
+            totals = self.trainer.strategy.reduce(torch.stack([loss_sum.detach(), n_targets]), reduce_op="sum")
+            loss = loss_sum * world / totals[1].clamp(min=1)
+            logged = totals[0] / totals[1].clamp(min=1)
+        else:
+            loss = logged = loss_sum / n_targets.clamp(min=1)
+        self._step_tokens = terms.inputs
+        self.log("train/loss", logged, prog_bar=True, batch_size=len(batch["target"]))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        seconds = time.perf_counter() - self._step_started
+        self.log("train/tokens_per_s", self._step_tokens / max(seconds, 1e-9), batch_size=1)
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["attnlab"] = {
+            "family": self.family,
+            "tokenizer": self.tokenizer.model_proto if self.tokenizer is not None else None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A checkpoint loaded by a Trainer outside the CLI (which checks before it writes anything)."""
+        if not self.checkpoint_checked:
+            check_fits(self, checkpoint, "the checkpoint", shapes=False)
+        self.checkpoint_checked = False
+
+    # ---- direct use --------------------------------------------------------------------------------
+    def collate_on_device(self, examples: list[Example]) -> dict:
+        """A schema batch of `examples` with its tensors on the module's device."""
+        batch = collate(examples, self.special.pad)
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    @torch.no_grad()
+    def translate(self, sources: list[str], batch_size: int = 64) -> list[str]:
+        """Generate a target for each source string (needs the tokenizer)."""
+        was_training = self.training
+        self.eval()
+        out = []
+        for start in range(0, len(sources), batch_size):
+            chunk = sources[start : start + batch_size]
+            encoded = self.tokenizer.encode_batch(chunk)
+            batch = self.collate_on_device([Example(ids, [], text, "") for ids, text in zip(encoded, chunk)])
+            with self._eager_generation():
+                out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
+        self.train(was_training)
+        return out

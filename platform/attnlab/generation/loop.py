@@ -1,0 +1,69 @@
+"""What every generator shares: left padding, per-row budgets, the token-by-token loop, stripping."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from attnlab.generation.sampling import SamplingConfig, choose_next
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device=None):
+    """Left-pad so every row's next token lands in the same column; returns tokens and validity."""
+    width = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[i, width - len(p):] = True
+    return tokens, valid
+
+
+def row_budgets(max_new_tokens, rows: int, device) -> torch.Tensor:
+    """(rows,) token budgets from one int or one per row, so a row's length limit never depends on
+    its batch-mates (greedy and beam outputs then do not either)."""
+    return torch.as_tensor(max_new_tokens, dtype=torch.long, device=device).expand(rows).clone()
+
+
+def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | None = None) -> list[list[int]]:
+    """Each row up to its eos (excluded), and to at most its budget of tokens when given."""
+    out = []
+    limits = budgets.tolist() if budgets is not None else [None] * len(rows)
+    for row, limit in zip(rows.tolist(), limits):
+        row = row[:limit]
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out
+
+
+def token_loop(
+    next_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    first_logits: torch.Tensor,
+    budgets: torch.Tensor,
+    *,
+    eos_id: int,
+    pad_id: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    return_logits: bool = False,
+):
+    """Greedy / sampled decoding, one token per step, for any model with a cache.
+
+    `first_logits` (B, V) predict the first token; `next_logits(tokens (B,), valid (B,))` feeds the
+    chosen tokens back (a finished row gets pad, marked not valid) and returns the next (B, V).
+    Stops when every row has produced eos or used its budget; returns token lists without eos
+    (and the (B, steps, V) logits with `return_logits`).
+    """
+    finished = budgets <= 0
+    chosen, all_logits = [], []
+    logits = first_logits
+    for step in range(int(budgets.max()) if len(budgets) else 0):
+        all_logits.append(logits)
+        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
+        chosen.append(token)
+        valid = ~finished
+        finished = finished | (token == eos_id) | (step + 1 >= budgets)
+        if bool(finished.all()):
+            break
+        logits = next_logits(token, valid)
+    out = strip_after_eos(torch.stack(chosen, dim=1), eos_id, budgets) if chosen else [[] for _ in range(len(budgets))]
+    return (out, torch.stack(all_logits, dim=1)) if return_logits else out

@@ -1,0 +1,72 @@
+"""The house: what the package root holds, the family contract, and module paths of earlier releases."""
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import attnlab
+from attnlab.families import FAMILIES, FamilyModule
+
+PACKAGE = Path(attnlab.__file__).parent
+
+
+def test_the_package_root_holds_only_its_face_the_entry_point_and_the_errors():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py"]
+
+
+def test_the_readme_layout_names_every_file_of_the_package():
+    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):]
+    named = set(re.findall(r"[\w]+\.py", layout))
+    files = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    assert not files - named, f"files the README's Layout does not name: {sorted(files - named)}"
+
+
+def test_no_fsdp1_internals_are_imported_anywhere():
+    pattern = re.compile(r"torch\.distributed\.fsdp\._|_flat_param|_runtime_utils|_get_full_state_dict_context")
+    offenders = [str(p) for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text(encoding="utf-8"))]
+    assert not offenders
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_implements_the_whole_contract(name):
+    cls = FAMILIES[name]
+    assert not getattr(cls, "__abstractmethods__", None), cls.__abstractmethods__
+    assert issubclass(cls, FamilyModule) and cls.family == name
+
+
+def test_a_family_that_leaves_out_part_of_the_contract_cannot_be_built():
+    class Incomplete(FamilyModule):
+        family = "incomplete"
+
+        def loss_terms(self, batch):
+            raise AssertionError
+
+    assert {"generate_ids", "positions_needed", "attention_stacks", "attention_weights"} <= Incomplete.__abstractmethods__
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete(vocab_size=10)
+
+
+@pytest.mark.parametrize("old,new,name", [
+    ("attnlab.modules", "attnlab.families", "DecoderOnly"),
+    ("attnlab.averaging", "attnlab.checkpoints.averaging", "CheckpointAveraging"),
+])
+def test_module_paths_of_earlier_releases_still_resolve(old, new, name):
+    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+
+
+def test_a_config_naming_an_old_class_path_still_builds(tmp_path):
+    from attnlab.cli.lightning_cli import AttnlabCLI
+    from conftest import EXPERIMENTS
+
+    config = (EXPERIMENTS / "debug.yaml").read_text(encoding="utf-8").replace("attnlab.DecoderOnly", "attnlab.modules.DecoderOnly")
+    assert "attnlab.modules.DecoderOnly" in config
+    path = tmp_path / "old.yaml"
+    path.write_text(config, encoding="utf-8")
+    cli = AttnlabCLI(args=["--config", str(path), "--run.root", str(tmp_path), "--run.wandb", "disabled",
+                           "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging"], run=False)
+    assert type(cli.model).__name__ == "DecoderOnly"
+    assert any(type(c).__name__ == "CheckpointAveraging" for c in cli.trainer.callbacks)
