@@ -1,28 +1,11 @@
-"""Fully sharded training (FSDP2, `torch.distributed.fsdp.fully_shard`) with one unit per transformer
-layer: `attnlab.distributed.LayerWiseFSDP`.
+"""Fully sharded training on FSDP2 (`fully_shard`), one unit per transformer layer: LayerWiseFSDP.
 
-Why a strategy of our own: Lightning's ModelParallelStrategy leaves `fully_shard` to each
-LightningModule's `configure_model`; this one applies it itself, so every family trains sharded
-unchanged. Each `TransformerLayer` is a unit (one layer's weights gathered at a time); the
-LightningModule is the root unit (embeddings, positions, final norm; tied embeddings stay in one
-unit). Every step runs as the root's forward, so the root's weights are there for whatever the step
-calls (`model.encode`, `model.logits`, generation).
-
-What it keeps from a DDP run: `state_dict_type="full"` writes one ordinary `.ckpt` file on rank
-zero, with DDP's state_dict keys and optimizer-state layout, which every attnlab verb reads and a
-fit resumes from ("sharded": a torch.distributed.checkpoint folder). Clipping by norm uses the
-global norm (gradients are DTensors: `clip_grad_norm_` reduces over the shards). Under bf16-mixed
-weights are gathered in bf16 and, with `reduce_in_float32`, gradients reduced in float32.
-
-Evaluation: generation makes a data-dependent number of forward passes per rank, so a gather per
-forward would leave ranks waiting on each other. Validation / test / predict steps gather every
-unit once before the step and free it after (no collective in between; the step holds the whole
-model, as under DDP), outside inference mode (FSDP2 cannot reuse weights gathered inside it).
-
-Sharding: FULL_SHARD, SHARD_GRAD_OP (layers stay gathered from forward to backward), HYBRID_SHARD
-(2-D mesh: shard within a node, replicate across nodes); NO_SHARD is DDP and raises a ConfigError
-saying so. Precision: 32-true, bf16-mixed, bf16-true (Lightning refuses 16-mixed here). It runs on
-CPU processes over gloo (how the tests run it), never faster than DDP there.
+Our own strategy because Lightning's ModelParallelStrategy leaves `fully_shard` to each module's
+`configure_model`; this one shards every family unchanged, runs each step as the root unit's
+forward, and keeps what a DDP run gives: single-file checkpoints in DDP's layout, clipping by the
+global norm, float32 gradient reduction under bf16-mixed. Evaluation steps gather every unit once
+(ranks generate different numbers of tokens, so a gather per forward would deadlock). On CPU
+processes it runs over gloo, which is how the tests run it; it is never faster than DDP there.
 """
 from __future__ import annotations
 
