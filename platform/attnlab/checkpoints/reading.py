@@ -113,6 +113,7 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu"):
         raise AttnlabError(f"checkpoint {path}: its weights do not fit its recorded hyper-parameters ({str(err).splitlines()[0]})") from None
     if meta.get("tokenizer"):
         module.tokenizer = Tokenizer.from_proto(meta["tokenizer"])
+    module.plain_lm = bool(meta.get("plain_lm", False))
     return module.eval(), ckpt
 
 

@@ -134,10 +134,29 @@ def _help() -> str:
     return HELP.format(verbs="\n".join(f"  {name:<{width}} {text}" for name, text in verbs.items()))
 
 
+def _generate_description(argv: list[str]) -> str:
+    """The verb's description; with a checkpoint before --help, what that checkpoint does."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if not ({"-h", "--help"} & set(argv)) or first is None:
+        return OTHER_VERBS["generate"]
+    from attnlab.checkpoints.reading import read_checkpoint
+
+    try:
+        meta = read_checkpoint(first, mmap=True)["attnlab"]
+    except AttnlabError as err:
+        return f"{OTHER_VERBS['generate']}\n({err})"
+    does = "continues each input text (trained on plain text)" if meta.get("plain_lm") else \
+        "translates each input (trained on source -> target pairs)"
+    return f"{OTHER_VERBS['generate']}\n\n{first}: a {meta['family']} model that {does}."
+
+
 def generate_main(argv: list[str]) -> int:
     from attnlab.checkpoints.reading import load_checkpoint
 
-    parser = argparse.ArgumentParser(prog="attnlab generate", description=OTHER_VERBS["generate"])
+    parser = argparse.ArgumentParser(prog="attnlab generate", description=_generate_description(argv),
+                                     epilog="A checkpoint trained on plain text continues each input ([bos] text); "
+                                            "one trained on pairs translates it. `attnlab generate CKPT --help` "
+                                            "says which CKPT does.")
     parser.add_argument("checkpoint", help="a .ckpt written by attnlab fit")
     parser.add_argument("text", nargs="*", help="inputs; read one per line from stdin when absent")
     parser.add_argument("--temperature", type=float, help="0 = greedy (default: the model's setting)")

@@ -83,6 +83,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         self.examples: list[tuple[str, str, str]] = []
         self.example_records: list[dict] = []  # per-example values of a test / validate run (attnlab.training.per_example)
         self.tokenizer = None  # set from the data module at setup, or from a checkpoint
+        self.plain_lm = False  # trained on plain text (no sources): generation continues text
 
     # ---- what a family provides ------------------------------------------------------------------
     @abstractmethod
@@ -122,6 +123,8 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         if datamodule is not None and getattr(datamodule, "tokenizer", None) is not None:
             self.tokenizer = datamodule.tokenizer
             self.check_position_table(datamodule)
+            train = datamodule.examples("train") if "train" in datamodule.splits else []
+            self.plain_lm = bool(train) and not train[0].source
 
     def check_position_table(self, datamodule) -> None:
         """Fail before training, not at the first generation, when data outgrows the learned table."""
@@ -189,6 +192,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         checkpoint["attnlab"] = {
             "family": self.family,
             "tokenizer": self.tokenizer.model_proto if self.tokenizer is not None else None,
+            "plain_lm": self.plain_lm,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -205,14 +209,17 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
 
     @torch.no_grad()
     def translate(self, sources: list[str], batch_size: int = 64) -> list[str]:
-        """Generate a target for each source string (needs the tokenizer)."""
+        """Generate for each string (needs the tokenizer): its translation, or for a model trained
+        on plain text (`plain_lm`) its continuation."""
         was_training = self.training
         self.eval()
         out = []
         for start in range(0, len(sources), batch_size):
             chunk = sources[start : start + batch_size]
             encoded = self.tokenizer.encode_batch(chunk)
-            batch = self.collate_on_device([Example(ids, [], text, "") for ids, text in zip(encoded, chunk)])
+            examples = [Example([], ids, "", text) if self.plain_lm else Example(ids, [], text, "")
+                        for ids, text in zip(encoded, chunk)]
+            batch = self.collate_on_device(examples)
             with self._eager_generation():
                 out.extend(self.tokenizer.decode_batch(self.generate_ids(batch)))
         self.train(was_training)

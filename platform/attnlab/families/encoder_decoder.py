@@ -8,7 +8,7 @@ from attnlab.families.attention_map import AttentionMap, layer_weights, token_la
 from attnlab.families.base import FamilyModule
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from attnlab.models.encoder_decoder import EncoderDecoderModel
-from attnlab.models.framing import IGNORE, frame_source_target
+from attnlab.models.framing import IGNORE, frame_source_target, is_plain_lm, prompts_of
 from attnlab.models.losses import LossTerms, target_losses
 
 
@@ -52,11 +52,13 @@ class EncoderDecoder(FamilyModule):
         encoded, _ = self.model.encode(source, source_valid)
         max_lengths = self.max_output_length(batch["source_lengths"])
         ids, cfg = self.special, self.sampling
+        # Plain text: the encoder reads nothing but eos (as in training); the decoder continues `[bos] text`.
+        prefixes = prompts_of(batch, ids.bos, ids.sep) if is_plain_lm(batch) else None
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty)
+                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty, prefixes=prefixes, pad_id=ids.pad)
         return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                pad_id=ids.pad, sampling=cfg)
+                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg)
 
     def attention_stacks(self):
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}

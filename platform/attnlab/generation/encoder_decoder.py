@@ -1,39 +1,64 @@
-"""Generation for the encoder-decoder: greedy / sampled and beam search, over the KV cache."""
+"""Generation for the encoder-decoder: greedy / sampled and beam search, over the KV cache.
+
+The decoder starts from bos, or from a prefix per row (`prefixes`: `[bos] prompt` of a model
+trained on plain text, whose continuation is wanted).
+"""
 from __future__ import annotations
 
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.loop import token_loop
+from attnlab.generation.loop import left_pad, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
 def _next_logits(model, state):
-    """Logits (N, V) after feeding `tokens` (N,) to the decoder state."""
+    """Logits (N, V) after feeding `tokens` (N,) to the state. A finished row's pad is hidden only
+    once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation."""
     def step(tokens, valid=None):
-        hidden, _ = model.decode(tokens[:, None], state=state)
+        keep = valid[:, None] if valid is not None and state.padded else None
+        hidden, _ = model.decode(tokens[:, None], state=state, valid=keep)
         return model.logits(hidden[:, -1])
 
     return step
 
 
+def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):
+    """Logits (rows, V) after the decoder has read bos, or each row's prefix (left-padded)."""
+    if prefixes is None:
+        hidden, _ = model.decode(torch.full((rows, 1), bos_id, dtype=torch.long, device=device), state=state)
+    else:
+        tokens, valid = left_pad(prefixes, pad_id, device)
+        hidden, _ = model.decode(tokens, state=state, valid=valid)
+    return model.logits(hidden[:, -1])
+
+
 @torch.no_grad()
 def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
-                     sampling: SamplingConfig = SamplingConfig(), generator: torch.Generator | None = None,
-                     return_logits: bool = False):
-    """Token by token after bos, each row within its budget `max_lengths` (B,)."""
+                     prefixes: list[list[int]] | None = None, sampling: SamplingConfig = SamplingConfig(),
+                     generator: torch.Generator | None = None, return_logits: bool = False):
+    """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,)."""
     state = model.start_state(encoded)
-    step = _next_logits(model, state)
-    bos = torch.full((len(max_lengths),), bos_id, dtype=torch.long, device=encoded.memory.device)
-    return token_loop(step, step(bos), max_lengths, eos_id=eos_id, pad_id=pad_id, sampling=sampling,
-                      generator=generator, return_logits=return_logits)
+    first = _start(model, state, prefixes, bos_id, pad_id, len(max_lengths), encoded.memory.device)
+    return token_loop(_next_logits(model, state), first, max_lengths, eos_id=eos_id, pad_id=pad_id,
+                      sampling=sampling, generator=generator, return_logits=return_logits)
 
 
 @torch.no_grad()
-def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int,
-                   beam_size: int, alpha: float):
-    state = model.start_state(encoded, repeat=beam_size)
-    step = _next_logits(model, state)
+def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
+                   alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0):
     n = encoded.memory.shape[0]
-    return beam_search(lambda last, st: step(last[:, 0]).log_softmax(dim=-1), state, n, beam_size,
-                       bos_id, eos_id, max_lengths, alpha)
+    if prefixes is None:
+        state = model.start_state(encoded, repeat=beam_size)
+        pending = []
+    else:  # read each prefix once, then copy its cache to each beam
+        state = model.start_state(encoded)
+        after = _start(model, state, prefixes, bos_id, pad_id, n, encoded.memory.device).log_softmax(dim=-1)
+        state.reorder(torch.arange(n, device=after.device).repeat_interleave(beam_size))
+        pending = [after.repeat_interleave(beam_size, dim=0)]
+    step = _next_logits(model, state)
+
+    def log_probs(last, st):
+        return pending.pop() if pending else step(last[:, 0]).log_softmax(dim=-1)
+
+    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha)

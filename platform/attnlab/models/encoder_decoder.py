@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
-from attnlab.components.masks import causal_mask, padding_mask
+from attnlab.components.masks import causal_mask, causal_padding_mask, padding_mask
 
 
 @dataclass
@@ -49,21 +49,28 @@ class EncoderDecoderModel(nn.Module):
         return EncodedSource(memory, mask), weights
 
     def decode(self, target_in: torch.Tensor, source: EncodedSource | None = None, state: DecodeState | None = None,
-               need_weights: bool = False):
+               valid: torch.Tensor | None = None, need_weights: bool = False):
         """Decoder hidden states for `target_in`: right-padded targets against `source` in training,
-        or the next tokens against a `state` from `start_state` (which holds the source's K/V)."""
+        or the next tokens against a `state` from `start_state` (which holds the source's K/V);
+        `valid` marks left padding of decoder prefixes of different lengths (continuing text)."""
         past = len(state) if state is not None else 0
         n = target_in.shape[1]
         positions = torch.arange(past, past + n, device=target_in.device)
+        key_positions = torch.arange(past + n, device=target_in.device)
         if state is None:  # training: pads only follow real tokens, so causal alone is exact
             mask, is_causal = None, True
             context, context_mask = source.memory, source.mask
         else:
-            mask = causal_mask(n, past + n, target_in.device) if n > 1 else None
             is_causal = False
             context, context_mask = None, state.context_mask
-            state.append(torch.ones_like(target_in, dtype=torch.bool), positions.expand_as(target_in))
-        key_positions = torch.arange(past + n, device=target_in.device)
+            valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
+            row_positions = state.positions_of(valid)
+            state.append(valid, row_positions)
+            if state.padded:  # left-padded prefixes: positions count real tokens, pads are hidden
+                positions, key_positions = row_positions, state.key_positions
+                mask = causal_padding_mask(state.key_valid, n)
+            else:
+                mask = causal_mask(n, past + n, target_in.device) if n > 1 else None
         return self.decoder(
             target_in, positions, mask=mask, is_causal=is_causal, key_positions=key_positions,
             context=context, context_mask=context_mask,

@@ -48,11 +48,11 @@ def frame_prefix_target(batch: dict, bos: int, sep: int, eos: int, pad: int):
 
 
 def prompts_of(batch: dict, bos: int, sep: int) -> list[list[int]]:
-    """`[bos] source [sep]` per example (just `[bos]` for plain LM data), unpadded."""
-    prompts = []
-    for row, n in zip(batch["source"].tolist(), batch["source_lengths"].tolist()):
-        prompts.append([bos] if is_plain_lm(batch) else [bos] + row[:n] + [sep])
-    return prompts
+    """What generation continues, unpadded: `[bos] source [sep]` per example, or for plain LM
+    data `[bos] target` (the text to continue, as the model read text in training)."""
+    if is_plain_lm(batch):
+        return [[bos] + row[:n] for row, n in zip(batch["target"].tolist(), batch["target_lengths"].tolist())]
+    return [[bos] + row[:n] + [sep] for row, n in zip(batch["source"].tolist(), batch["source_lengths"].tolist())]
 
 
 def frame_source_target(batch: dict, bos: int, eos: int, pad: int):
