@@ -546,6 +546,26 @@ def ckpt_plain_text_validate(env):
 
 
 @case
+def init_from_missing(env):
+    missing = env.tmp / "ckpts" / "nope.ckpt"
+    return env.fit("--run.init_from", str(missing)), ["run.init_from", str(missing), "does not exist"]
+
+
+@case
+def init_from_another_family(env):
+    ckpt = env.ckpt("encoder_decoder")
+    return env.fit("--run.init_from", str(ckpt)), ["run.init_from", str(ckpt), "'encoder_decoder'", "does not fit"]
+
+
+@case
+def init_from_another_shape(env):
+    ckpt = env.ckpt("decoder")  # learned positions, a table of LEARNED_MAX_POSITIONS
+    return env.fit("--run.init_from", str(ckpt), "--model.init_args.backbone.positional", "learned",
+                   "--model.init_args.backbone.max_positions", str(LEARNED_MAX_POSITIONS + 44)), [
+        "run.init_from", "has shape", f"backbone.max_positions: checkpoint {LEARNED_MAX_POSITIONS}"]
+
+
+@case
 def unknown_verb(env):
     return ["trian", "--config", DEBUG_YAML], ["unknown verb", "trian"]
 

@@ -10,7 +10,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.checkpoints.averaging import CheckpointAveraging
-from attnlab.checkpoints.checks import check_fits
+from attnlab.checkpoints.checks import check_fits, load_network
+from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.cli.preflight import check_accelerator, check_run_root
 from attnlab.distributed.failures import ChildProcessReaper
 from attnlab.families.base import FamilyModule
@@ -129,6 +130,11 @@ class AttnlabCLI(LightningCLI):
         if isinstance(model, FamilyModule) and checked is not None:
             check_fits(model, checked[1], source=f"--ckpt_path {checked[0]}")
             model.checkpoint_checked = True
+        init_from = self.setting(self.config_init, "run").init_from
+        if init_from and self.subcommand in ("fit", None) and isinstance(model, FamilyModule):  # None: run=False
+            checkpoint = read_checkpoint(init_from, arg="run.init_from")
+            load_network(model, checkpoint, f"run.init_from {init_from}", getattr(datamodule, "tokenizer", None))
+            self._say(f"starting from the network weights of {init_from} ({checkpoint['attnlab']['family']})")
         if self.subcommand == "fit" and isinstance(model, FamilyModule):
             model.check_monitor(self.setting(self.config_init, "run").monitor,
                                 datamodule if isinstance(datamodule, TokenizedDataModule) else None)

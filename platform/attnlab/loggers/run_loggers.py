@@ -35,6 +35,7 @@ class RunOptions:
     monitor: str = "val/nll"  # the validation metric that picks checkpoints/best-*.ckpt (and stops early)
     monitor_mode: str | None = None  # min or max; default: max for bleu, bleu_lc, chrf, exact_match, else min
     patience: int | None = None  # stop after this many validations without improvement of `monitor`
+    init_from: str | None = None  # fit: start from this checkpoint's network weights (any family whose network fits)
 
     def __post_init__(self):
         if self.wandb not in WANDB_MODES:
