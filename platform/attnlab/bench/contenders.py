@@ -70,7 +70,7 @@ def platform_module(family: str, shape: BenchShape, options: Options):
     module = cls(backbone=backbone(shape, options, family), vocab_size=shape.vocab, special_ids=SPECIAL,
                  compile=options.compile, **extra)
     module.to(options.device)
-    module.configure_model()  # what the Trainer calls: compiles the stacks when asked
+    module.compile_stacks()  # what a Trainer's setup does: compiles the stacks when asked
     return module
 
 

@@ -49,7 +49,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     ):
         """vocab_size and special_ids are linked from the data module; do not set them in a config.
 
-        compile: torch.compile the transformer stacks when a Trainer runs (see `configure_model`);
+        compile: torch.compile the transformer stacks when a Trainer runs (see `compile_stacks`);
         it pays on a GPU. Weights and checkpoints are the same either way.
         """
         super().__init__()
@@ -116,6 +116,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
 
     # ---- training ----------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        self.compile_stacks()
         try:
             datamodule = getattr(self.trainer, "datamodule", None)
         except RuntimeError:  # not attached to a Trainer
@@ -142,8 +143,9 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
                         "lower generation.max_new_tokens, or use another positional encoding"
                     )
 
-    def configure_model(self) -> None:
-        """With `compile`, torch.compile every transformer stack, once, in place.
+    def compile_stacks(self) -> None:
+        """With `compile`, torch.compile every transformer stack, once, in place (at `setup`, not
+        in `configure_model`, which Lightning reserves for building sharded layers).
 
         In place (nn.Module.compile), so state-dict keys stay clean and a checkpoint loads into an
         eager model; the stacks, because every family path goes through their forward. `dynamic`:
@@ -156,7 +158,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             self._compiled = True
 
     def _eager_generation(self):
-        """A context in which compiled stacks run as plain eager modules (see `configure_model`)."""
+        """A context in which compiled stacks run as plain eager modules (see `compile_stacks`)."""
         return torch.compiler.set_stance("force_eager") if self._compiled else contextlib.nullcontext()
 
     def configure_optimizers(self):
