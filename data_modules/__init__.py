@@ -6,10 +6,10 @@ from data_modules.grammar.task import GrammarDataModule
 from data_modules.number_words import NumberWordsDataModule
 from data_modules.parallel import Multi30kDataModule, ParallelTextDataModule
 from data_modules.sequence_tasks import SequenceTaskDataModule
-from data_modules.text import TextDataModule
+from data_modules.text import TextDataModule, TextFolderDataModule
 
 __all__ = [
     "SpecialIds", "Example", "collate", "Tokenizer", "train_tokenizer", "TokenizedDataModule",
     "GrammarDataModule", "NumberWordsDataModule", "ParallelTextDataModule", "Multi30kDataModule", "TextDataModule",
-    "SequenceTaskDataModule",
+    "TextFolderDataModule", "SequenceTaskDataModule",
 ]

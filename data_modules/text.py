@@ -6,6 +6,8 @@ becomes prompt (source) + continuation (target), so the conditional families tra
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from attnlab.errors import ConfigError, DataError
 from data_modules.base import Pairs, TokenizedDataModule
 from data_modules.batch import Example, SpecialIds
@@ -87,3 +89,37 @@ def _text(ids: list[int], tokenizer: Tokenizer) -> str:
             lines.append(ids[start:i])
             start = i + 1
     return "\n".join(tokenizer.decode_batch(lines))
+
+
+SPLIT_FILES = {"train": "train.txt", "val": "val.txt", "test": "test.txt"}
+
+
+class TextFolderDataModule(TextDataModule):
+    """A plain-text corpus kept as a folder: data_dir/train.txt, val.txt and, if present,
+    test.txt (each may be .gz), e.g. --data.init_args.data_dir ../shared/data/us_addresses."""
+
+    test_split_hint = "add test.txt (or test.txt.gz) to data.init_args.data_dir"
+
+    def __init__(self, data_dir: str, seq_len: int = 128, prompt_len: int = 0, vocab_size: int = 1000,
+                 tokenizer_type: str = "unigram", **kwargs):
+        folder = Path(data_dir).expanduser()
+        if not folder.is_dir():
+            what = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise DataError(f"data.init_args.data_dir: {folder} {what}; point it at a folder holding "
+                            f"{', '.join(SPLIT_FILES.values())} (one paragraph or line of text per line)")
+        found = {split: _split_file(folder, name) for split, name in SPLIT_FILES.items()}
+        missing = [SPLIT_FILES[s] for s in ("train", "val") if found[s] is None]
+        if missing:
+            raise DataError(f"data.init_args.data_dir: {folder} has no {' or '.join(missing)} (nor .gz); a text "
+                            f"corpus folder holds {', '.join(SPLIT_FILES.values())} (test optional)")
+        super().__init__(train_files=[str(found["train"])], val_files=[str(found["val"])],
+                         test_files=[str(found["test"])] if found["test"] else None, seq_len=seq_len,
+                         prompt_len=prompt_len, vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs)
+        self.data_dir = folder
+
+
+def _split_file(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None

@@ -565,6 +565,32 @@ def init_from_another_shape(env):
         "run.init_from", "has shape", f"backbone.max_positions: checkpoint {LEARNED_MAX_POSITIONS}"]
 
 
+def _folder_fit(env, folder, *extra) -> list:
+    return ["fit", "--config", DEBUG_YAML, "--data", "data_modules.TextFolderDataModule",
+            "--data.init_args.data_dir", str(folder), "--data.init_args.seq_len", "8", *RUN, *FAST_TRAINER, *extra]
+
+
+@case
+def text_folder_missing(env):
+    folder = env.tmp / "no_corpus_here"
+    return _folder_fit(env, folder), ["data.init_args.data_dir", str(folder), "does not exist", "train.txt"]
+
+
+@case
+def text_folder_without_val(env):
+    env.write("corpus/train.txt", "one two three four five six seven eight nine ten\n" * 20)
+    folder = env.tmp / "corpus"
+    return _folder_fit(env, folder), ["data.init_args.data_dir", str(folder), "no val.txt"]
+
+
+@case
+def text_corpus_empty(env):
+    env.write("blank/train.txt", "\n   \n\n")
+    env.write("blank/val.txt", "\n\n")
+    folder = env.tmp / "blank"
+    return _folder_fit(env, folder), ["data.init_args.train_files[0]", str(folder / "train.txt"), "is empty"]
+
+
 @case
 def unknown_verb(env):
     return ["trian", "--config", DEBUG_YAML], ["unknown verb", "trian"]
