@@ -107,6 +107,20 @@ def multi30k_dir() -> Path:
     return MULTI30K_DIR
 
 
+@pytest.fixture(scope="session")
+def text_folder_dir(tmp_path_factory) -> Path:
+    """A small corpus folder (train / val / test .txt) for configs of TextFolderDataModule."""
+    import random
+
+    words = "we the people of the united states in order to form a more perfect union".split()
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("text_corpus")
+    for split, n in (("train", 200), ("val", 30), ("test", 30)):
+        lines = (" ".join(rng.choice(words) for _ in range(rng.randint(5, 15))) for _ in range(n))
+        (folder / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
 # ---- running attnlab ---------------------------------------------------------------------------
 
 @dataclass

@@ -51,7 +51,7 @@ def test_experiment_states_its_question(path):
     assert head.startswith("# Question:"), f"{_id(path)} should start with '# Question: ...'"
 
 
-def shrink(config: dict, multi30k_dir_factory) -> list[str]:
+def shrink(config: dict, multi30k_dir_factory, text_folder_factory=None) -> list[str]:
     """Overrides that turn an experiment into a seconds-long smoke run of the same classes."""
     model_args = (config.get("model") or {}).get("init_args") or {}
     backbone = model_args.get("backbone") or {}
@@ -82,6 +82,9 @@ def shrink(config: dict, multi30k_dir_factory) -> list[str]:
         args += ["--data.init_args.n_train", "64", "--data.init_args.n_val", "8", "--data.init_args.n_test", "8"]
     elif data_class == "Multi30kDataModule":
         args += ["--data.init_args.data_dir", multi30k_dir_factory(), "--data.init_args.vocab_size", "1000"]
+    elif data_class == "TextFolderDataModule":
+        args += ["--data.init_args.data_dir", text_folder_factory(), "--data.init_args.vocab_size", "300",
+                 "--data.init_args.seq_len", "16"]
     return args
 
 
@@ -90,7 +93,8 @@ def test_experiment_trains_two_steps(path, cli, tmp_path, request):
     config = _load(path)
     assert {"model", "data"} <= set(config), f"{_id(path)} must define model and data"
 
-    overrides = shrink(config, lambda: request.getfixturevalue("multi30k_dir"))
+    overrides = shrink(config, lambda: request.getfixturevalue("multi30k_dir"),
+                       lambda: request.getfixturevalue("text_folder_dir"))
     root = tmp_path / "runs"
     result = cli("fit", "--config", path, "--run.root", root, "--run.version", "smoke", *overrides)
     assert result.code == 0, result.err[-3000:]
