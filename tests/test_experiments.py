@@ -135,6 +135,17 @@ def test_the_shipped_sweeps_are_found():
         _id(p) for p in SWEEPS}
 
 
+def test_no_two_shipped_sweeps_share_a_run_folder():
+    """lm/compare_families.yaml and compare_families.yaml must not both write runs/compare_families
+    (a sweep skips the points it finds done there)."""
+    from attnlab.experiment.spec import load_sweep
+
+    names = {_id(p): load_sweep(p).name for p in SWEEPS}
+    assert len(set(names.values())) == len(names), names
+    assert names["compare_families.yaml"] == "compare_families"
+    assert names["lm/compare_families.yaml"] == "lm/compare_families"
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=_id)
 def test_sweep_points_parse_as_experiments(path, tmp_path):
     """Every grid point's overrides name real config keys with values of the right type

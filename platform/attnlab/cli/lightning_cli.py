@@ -14,6 +14,7 @@ from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.cli.preflight import check_accelerator, check_run_root
 from attnlab.distributed.failures import ChildProcessReaper
+from attnlab.experiment.spec import name_under_experiments
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.guards import NonFiniteLossGuard
@@ -108,11 +109,7 @@ class AttnlabCLI(LightningCLI):
         if not configs:
             return type(self.model).family
         experiments = [c for c in configs if _sets_model(c)] or configs
-        path = Path(str(experiments[-1])).resolve().with_suffix("")
-        parts = path.parts
-        if "experiments" in parts:
-            return "/".join(parts[len(parts) - parts[::-1].index("experiments"):])
-        return path.name
+        return name_under_experiments(Path(str(experiments[-1])))
 
     def _check_before_writing(self) -> None:
         """Mistakes caught before the run folder is written (config.yaml, loggers): no such

@@ -122,7 +122,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if checkpoint not in CHECKPOINTS:
             raise ConfigError(f"{path}: evaluate.{name}.checkpoint={checkpoint!r} must be one of {', '.join(CHECKPOINTS)}")
     seeds = check_seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
-    spec = SweepSpec(path, str(raw.get("name") or path.stem), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
+    spec = SweepSpec(path, str(raw.get("name") or name_under_experiments(path)), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
                      {k: dict(v or {}) for k, v in evaluate.items()}, seeds)
     names = [p.name for p in spec.grid_points()]
     if len(set(names)) != len(names):
@@ -178,3 +178,13 @@ def wandb_sweep_config(spec: SweepSpec) -> dict:
         "parameters": parameters,
         "command": ["attnlab", "fit", "${args}"],
     }
+
+
+def name_under_experiments(config: Path) -> str:
+    """A config's path under the nearest experiments/ folder, without .yaml (multi30k/compare_families),
+    else its file name: the run folder's name, so configs of one name in two folders never share one."""
+    path = Path(config).resolve().with_suffix("")
+    parts = path.parts
+    if "experiments" in parts:
+        return "/".join(parts[len(parts) - parts[::-1].index("experiments"):])
+    return path.name
