@@ -11,6 +11,7 @@ import functools
 import os
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import lightning as L
 import torch
@@ -100,27 +101,33 @@ class TokenizedDataModule(L.LightningDataModule):
     def _prepare(self) -> None:
         if self._examples is not None:
             return
-        name = type(self).__name__
         splits = self._load_splits()
         for split in ("train", "val"):
             if not splits.get(split):
-                raise DataError(f"{name}: the {split} split has no examples; check its data files")
-        cache_dir = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
-        tokenizer = train_tokenizer(
-            lambda: self._tokenizer_texts(splits["train"]),
+                raise DataError(f"{type(self).__name__}: the {split} split has no examples; check its data files")
+        tokenizer = self._trained_tokenizer(lambda: self._tokenizer_texts(splits["train"]))
+        self._finish(tokenizer, {split: self._make_examples(split, pairs, tokenizer) for split, pairs in splits.items()})
+
+    def _cache_root(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def _trained_tokenizer(self, texts) -> Tokenizer:
+        """The cached tokenizer of this data set, trained on `texts()` on a cache miss."""
+        return train_tokenizer(
+            texts,
             vocab_size=self.requested_vocab_size,
             model_type=self.tokenizer_type,
-            cache_dir=cache_dir,
+            cache_dir=self._cache_root(),
             fingerprint=f"{type(self).__module__}.{type(self).__qualname__}:{self._fingerprint()}",
         )
-        examples = {}
-        for split, pairs in splits.items():
-            made = self._make_examples(split, pairs, tokenizer)
+
+    def _finish(self, tokenizer: Tokenizer, examples: dict[str, Sequence[Example]]) -> None:
+        """Cut the evaluation splits to max_eval_examples, refuse an empty split, and keep both."""
+        for split, made in examples.items():
             if split != "train" and self.max_eval_examples is not None:
-                made = made[: self.max_eval_examples]
-            if not made:
-                raise DataError(f"{name}: the {split} split yields no examples after tokenization")
-            examples[split] = made
+                made = examples[split] = made[: self.max_eval_examples]
+            if not len(made):
+                raise DataError(f"{type(self).__name__}: the {split} split yields no examples after tokenization")
         self._tokenizer, self._examples = tokenizer, examples
 
     def prepare_data(self) -> None:
@@ -148,7 +155,14 @@ class TokenizedDataModule(L.LightningDataModule):
         self._prepare()
         return tuple(self._examples)
 
-    def examples(self, split: str) -> list[Example]:
+    def example_lengths(self, split: str) -> set[tuple[int, int]]:
+        """The distinct (source, target) lengths in a split, without decoding streamed chunks."""
+        examples = self.examples(split)
+        if hasattr(examples, "lengths"):
+            return examples.lengths()
+        return {(len(e.source), len(e.target)) for e in examples}
+
+    def examples(self, split: str) -> Sequence[Example]:
         self._prepare()
         if split not in self._examples:
             if split == "test":
@@ -170,7 +184,7 @@ class TokenizedDataModule(L.LightningDataModule):
         if shuffle and self.max_tokens:
             examples = self.examples(split)
             sampler = TokenBudgetBatchSampler(
-                [len(e.source) + len(e.target) + 3 for e in examples], self.max_tokens, seed=seed,
+                _framed_lengths(examples), self.max_tokens, seed=seed,
             )
             if resume:
                 sampler.resume_at(resume[0], resume[1])
@@ -231,7 +245,7 @@ class TokenizedDataModule(L.LightningDataModule):
             trainer = getattr(self, "trainer", None)
             if trainer is not None and trainer.world_size == 1:
                 # Lightning's "dataloader is not resumable" warning: ours resumes exactly on one
-                # process. (Under DDP Lightning swaps in its own sampler, so there it stands.)
+                # process (tested there; under DDP it stands).
                 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
     def train_dataloader(self) -> DataLoader:
@@ -246,3 +260,11 @@ class TokenizedDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         self._prepare()
         return self._loader("test" if "test" in self._examples else "val", shuffle=False)
+
+
+def _framed_lengths(examples: Sequence[Example]) -> list[int]:
+    """What each example adds to a token budget: source + target + bos / sep / eos."""
+    if hasattr(examples, "lengths") and len(examples.lengths()) == 1:
+        (source, target), = examples.lengths()
+        return [source + target + 3] * len(examples)
+    return [len(e.source) + len(e.target) + 3 for e in examples]

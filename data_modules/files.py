@@ -12,6 +12,7 @@ import os
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 from attnlab.errors import DataError
 
@@ -25,44 +26,43 @@ def require_file(path: str | Path, arg: str, hint: str = "") -> Path:
     return p
 
 
-def read_bytes(path: Path, arg: str) -> bytes:
-    """The file's bytes, gunzipped when the name ends in .gz."""
+def iter_lines(path: str | Path, arg: str, hint: str = "") -> Iterator[str]:
+    """The lines of a UTF-8 text file (.gz accepted), read as a stream, trailing whitespace stripped.
+
+    Lines are split on "\\n" only (not on the Unicode separators str.splitlines knows), so two
+    aligned files stay aligned even when a sentence contains U+2028 or a form feed. A file whose
+    lines are all blank is an error, raised once the stream ends.
+    """
+    p = require_file(path, arg, hint)
+    opener = gzip.open if p.suffix == ".gz" else open
+    number, blank = 0, True
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        with opener(p, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(
+                        f"{arg}: {p}, line {number}: bytes {raw[e.start:e.end]!r} are not valid UTF-8; "
+                        "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+                    ) from e
+                if number == 1 and line.startswith("\ufeff"):
+                    line = line[1:]
+                line = line.rstrip()
+                blank = blank and not line
+                yield line
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(
-            f"{arg}: {path} is not a valid gzip file ({e}); "
+            f"{arg}: {p} is not a valid gzip file ({e}); "
             "re-compress it with `gzip`, or drop the .gz suffix if it is plain text"
         ) from e
+    if blank:
+        raise DataError(f"{arg}: {p} is empty; it must hold one example per line")
 
 
 def read_lines(path: str | Path, arg: str, hint: str = "") -> list[str]:
-    """All lines of a UTF-8 text file (.gz accepted), trailing whitespace stripped.
-
-    Lines are split on "\\n" only (not on the Unicode separators str.splitlines knows), so two
-    aligned files stay aligned even when a sentence contains U+2028 or a form feed.
-    """
-    p = require_file(path, arg, hint)
-    data = read_bytes(p, arg)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(
-            f"{arg}: {p}, line {line}: bytes {data[e.start:e.end]!r} are not valid UTF-8; "
-            "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
-        ) from e
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    if not text.strip():
-        raise DataError(f"{arg}: {p} is empty; it must hold one example per line")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.rstrip() for line in lines]
+    """All lines of a UTF-8 text file (.gz accepted), as `iter_lines` reads them."""
+    return list(iter_lines(path, arg, hint))
 
 
 def sha256_files(paths: list[str | Path]) -> str:

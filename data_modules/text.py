@@ -3,16 +3,17 @@
 Each non-empty line is encoded, lines are joined with eos, and the stream is cut into
 non-overlapping chunks of `seq_len` pieces (the tail is dropped). With `prompt_len > 0` a chunk
 becomes prompt (source) + continuation (target), so the conditional families train on it too.
+The text is read as a stream and its tokens live on disk (token_files.py), so a corpus larger
+than memory trains with flat memory.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError
-from data_modules.base import Pairs, TokenizedDataModule
-from data_modules.batch import Example, SpecialIds
-from data_modules.files import read_lines, require_file, sha256_files
-from data_modules.tokenizer import Tokenizer
+from data_modules.base import TokenizedDataModule
+from data_modules.files import iter_lines, require_file, sha256_files
+from data_modules.token_files import TokenChunks, token_file_path, write_token_file
 
 
 class TextDataModule(TokenizedDataModule):
@@ -51,44 +52,36 @@ class TextDataModule(TokenizedDataModule):
             self.files["test"] = list(test_files)
         self.seq_len, self.prompt_len = seq_len, prompt_len
 
-    def _load_splits(self) -> dict[str, Pairs]:
-        named = [(split, f"data.init_args.{split}_files[{i}]", path)
-                 for split, paths in self.files.items() for i, path in enumerate(paths)]
-        for _, arg, path in named:  # every path first: fail before reading
+    def _prepare(self) -> None:
+        """Train (or load) the tokenizer on the streamed train lines, then tokenize each split
+        once into a cached token file, read back chunk by chunk (data_modules/token_files.py)."""
+        if self._examples is not None:
+            return
+        named = {split: [(f"data.init_args.{split}_files[{i}]", path) for i, path in enumerate(paths)]
+                 for split, paths in self.files.items()}
+        for arg, path in (item for files in named.values() for item in files):  # every path first: fail before reading
             require_file(path, arg)
-        splits: dict[str, Pairs] = {split: [] for split in self.files}
-        for split, arg, path in named:
-            splits[split].extend(("", line) for line in read_lines(path, arg) if line.strip())
-        return splits
+        tokenizer = self._trained_tokenizer(lambda: (line for line in self._lines(named["train"]) if line.strip()))
+        chunks = {}
+        for split, files in named.items():
+            path = token_file_path(self._cache_root(), tokenizer, sha256_files([p for _, p in files]))
+            if not path.is_file():
+                write_token_file(path, self._lines(files), tokenizer)
+            chunks[split] = TokenChunks(path, tokenizer, self.seq_len, self.prompt_len)
+            if not len(chunks[split]):
+                raise DataError(
+                    f"data.init_args.{split}_files hold {chunks[split].n_tokens} tokens, fewer than one chunk of "
+                    f"data.init_args.seq_len = {self.seq_len}: add text or lower seq_len"
+                )
+        self._finish(tokenizer, chunks)
+
+    @staticmethod
+    def _lines(files: list[tuple[str, str]]):
+        for arg, path in files:
+            yield from iter_lines(path, arg)
 
     def _fingerprint(self) -> str:
         return sha256_files(self.files["train"])
-
-    def _make_examples(self, split: str, pairs: Pairs, tokenizer: Tokenizer) -> list[Example]:
-        eos = SpecialIds().eos
-        stream: list[int] = []
-        for ids in tokenizer.encode_batch([line for _, line in pairs]):
-            if stream:
-                stream.append(eos)
-            stream.extend(ids)
-        if len(stream) < self.seq_len:
-            raise DataError(
-                f"data.init_args.{split}_files hold {len(stream)} tokens, fewer than one chunk of "
-                f"data.init_args.seq_len = {self.seq_len}: add text or lower seq_len"
-            )
-        p = self.prompt_len
-        chunks = (stream[i : i + self.seq_len] for i in range(0, len(stream) - self.seq_len + 1, self.seq_len))
-        return [Example(c[:p], c[p:], _text(c[:p], tokenizer), _text(c[p:], tokenizer)) for c in chunks]
-
-
-def _text(ids: list[int], tokenizer: Tokenizer) -> str:
-    """Decoded text of a chunk, with a newline where an eos joined two lines."""
-    eos, lines, start = SpecialIds().eos, [], 0
-    for i, t in enumerate(ids + [eos]):
-        if t == eos:
-            lines.append(ids[start:i])
-            start = i + 1
-    return "\n".join(tokenizer.decode_batch(lines))
 
 
 SPLIT_FILES = {"train": "train.txt", "val": "val.txt", "test": "test.txt"}

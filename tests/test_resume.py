@@ -110,6 +110,26 @@ def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(t
     _assert_same_run(run_dir, uninterrupted)
 
 
+def _text_args(root, version, corpus):
+    """The resume run on streamed plain text (token files read by chunk), 8 batches an epoch."""
+    return _args(root, version, "--data", "data_modules.TextFolderDataModule", "--data.init_args.data_dir", corpus,
+                 "--data.init_args.seq_len", "16", "--data.init_args.vocab_size", "300",
+                 "--data.init_args.cache_dir", root / "cache", "--data.init_args.max_eval_examples", "8",
+                 "--trainer.limit_train_batches", str(STEPS_PER_EPOCH))
+
+
+def test_a_killed_run_on_streamed_text_resumes_exactly(tmp_path, text_folder_dir):
+    full_root, cut_root = tmp_path / "full", tmp_path / "cut"
+    cut_root.mkdir()
+    full = run_process(_text_args(full_root, "full", text_folder_dir), cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    args = _text_args(cut_root, "cut", text_folder_dir)
+    run_dir = _kill(cut_root, args)
+    resumed = run_process(args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(run_dir, full_root / "debug" / "full")
+
+
 def test_ckpt_path_last_resumes_and_continues_the_wandb_run(tmp_path, uninterrupted):
     args = _args(tmp_path, "cut", "--run.wandb", "offline")
     run_dir = _kill(tmp_path, args)

@@ -133,12 +133,12 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             return
         limit = self.backbone.max_positions
         for split in datamodule.splits:
-            for example in datamodule.examples(split):
-                need = self.positions_needed(len(example.source), len(example.target))
+            for source, target in sorted(datamodule.example_lengths(split)):
+                need = self.positions_needed(source, target)
                 if need > limit:
                     raise ConfigError(
-                        f"a {split} example needs {need} positions (source {len(example.source)} and "
-                        f"target {len(example.target)} tokens, plus generation) but the learned table has "
+                        f"a {split} example needs {need} positions (source {source} and "
+                        f"target {target} tokens, plus generation) but the learned table has "
                         f"backbone.max_positions={limit}: raise backbone.max_positions to at least {need}, "
                         "lower generation.max_new_tokens, or use another positional encoding"
                     )

@@ -1,0 +1,133 @@
+"""Token files: a plain-text split tokenized once into a flat array on disk, read back by chunk.
+
+The format is nanoGPT's `train.bin`: the token ids of the whole split, lines joined by eos, as
+little-endian uint16 (uint32 for vocabularies past 65,535) with nothing else in the file, so
+`np.memmap(path, dtype)` or any other reader opens it. Writing streams the text in batches of
+lines and reading asks the OS for one chunk at a time (`os.pread`), so memory stays flat
+however large the corpus; the page cache, not the process, holds what was read. Files are
+cached under the key of (tokenizer, data files), like the tokenizer itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from data_modules.batch import Example, SpecialIds
+from data_modules.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+LINES_PER_BATCH = 4096
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def token_file_path(cache_dir: Path, tokenizer: Tokenizer, data_key: str) -> Path:
+    """Where the tokens of the data identified by `data_key` under `tokenizer` are cached."""
+    proto = hashlib.sha256(tokenizer.model_proto).hexdigest()
+    key = hashlib.sha256(json.dumps([FORMAT_VERSION, proto, data_key]).encode()).hexdigest()
+    return cache_dir / "tokens" / f"{key}.{token_dtype(tokenizer.vocab_size).name}.bin"
+
+
+def write_token_file(path: Path, lines: Iterable[str], tokenizer: Tokenizer) -> int:
+    """Tokenize the non-blank `lines` into `path` (eos between lines), atomically; the token count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype, eos = token_dtype(tokenizer.vocab_size), SpecialIds().eos
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    written = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for batch in _batches(line for line in lines if line.strip()):
+                stream: list[int] = []
+                for ids in tokenizer.encode_batch(batch):
+                    if written or stream:
+                        stream.append(eos)
+                    stream.extend(ids)
+                np.asarray(stream, dtype=dtype).tofile(f)
+                written += len(stream)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return written
+
+
+def _batches(lines: Iterable[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == LINES_PER_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class TokenChunks:
+    """A split as non-overlapping chunks of `seq_len` tokens of a token file (the tail dropped);
+    chunk i is the Example (first `prompt_len` tokens, the rest) with its decoded texts.
+
+    A map-style dataset, so the samplers (shuffle by seed and epoch, exact resume, one share per
+    DDP rank) work on it unchanged; slicing gives a view (max_eval_examples). Pickles as its path,
+    so DataLoader workers open the file themselves.
+    """
+
+    def __init__(self, path: Path, tokenizer: Tokenizer, seq_len: int, prompt_len: int = 0,
+                 rows: range | None = None):
+        self.path, self.tokenizer, self.seq_len, self.prompt_len = Path(path), tokenizer, seq_len, prompt_len
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
+        self.rows = range(self.n_tokens // seq_len) if rows is None else rows
+        self._fd: tuple[int, int] | None = None  # (pid, descriptor): reopened in a forked worker
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return TokenChunks(self.path, self.tokenizer, self.seq_len, self.prompt_len, self.rows[i])
+        ids = self.chunk(self.rows[i])
+        p = self.prompt_len
+        return Example(ids[:p], ids[p:], chunk_text(ids[:p], self.tokenizer), chunk_text(ids[p:], self.tokenizer))
+
+    def __iter__(self) -> Iterator[Example]:
+        return (self[i] for i in range(len(self)))
+
+    def chunk(self, row: int) -> list[int]:
+        """The token ids of chunk `row` of the file, read from disk."""
+        size = self.seq_len * self.dtype.itemsize
+        data = os.pread(self._descriptor(), size, row * size)
+        return np.frombuffer(data, dtype=self.dtype).astype(np.int64).tolist()
+
+    def lengths(self) -> set[tuple[int, int]]:
+        """The distinct (source, target) lengths of the chunks: one pair, read without decoding."""
+        return {(self.prompt_len, self.seq_len - self.prompt_len)} if len(self) else set()
+
+    def _descriptor(self) -> int:
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY))
+        return self._fd[1]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+
+
+def chunk_text(ids: list[int], tokenizer: Tokenizer) -> str:
+    """Decoded text of a chunk, with a newline where an eos joined two lines."""
+    eos, lines, start = SpecialIds().eos, [], 0
+    for i, t in enumerate(ids + [eos]):
+        if t == eos:
+            lines.append(ids[start:i])
+            start = i + 1
+    return "\n".join(tokenizer.decode_batch(lines))
