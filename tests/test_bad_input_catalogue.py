@@ -592,6 +592,13 @@ def text_corpus_empty(env):
 
 
 @case
+def sample_quality_scorer_trained_on_pairs(env):
+    ckpt = env.ckpt("decoder")  # a DecoderOnly of the number-words pairs, not of plain text
+    return ["sample-quality", str(ckpt), "--scorer", str(ckpt), "--output", str(env.tmp / "quality")], [
+        "--scorer", str(ckpt), "trained on pairs"]
+
+
+@case
 def unknown_verb(env):
     return ["trian", "--config", DEBUG_YAML], ["unknown verb", "trian"]
 

@@ -194,3 +194,39 @@ def test_a_failed_point_is_reported_and_set_aside_on_rerun(tmp_path):
     assert second.returncode == 1
     assert (tmp_path / "runs" / "bad_heads" / ".incomplete" / "n_heads=3-1").is_dir()
     assert "moved to" in second.stdout
+
+
+def test_a_report_column_mixing_numbers_and_dashes_goes_to_wandb_as_text():
+    """A sweep with an unfinished run has "—" beside numbers in a column; wandb.Table refused
+    such a column (seen on a partial lm/compare_families report)."""
+    import wandb
+
+    from attnlab.experiment.wandb_report import table_cells
+
+    headers = ["run", "params", "test nll"]
+    rows = [{"run": "a", "params": "—", "test nll": None}, {"run": "b", "params": 1317632, "test nll": 4.84}]
+    cells = table_cells(headers, rows)
+    assert cells == [["a", "—", None], ["b", "1317632", 4.84]]
+    table = wandb.Table(columns=headers, data=cells)  # raised TypeError before
+    assert len(table.data) == 2
+
+
+def test_an_unfinished_point_of_a_sweep_is_left_out_of_the_report_and_said(tmp_path, capsys):
+    """A sweep writes a point's done.json last; a point without one (killed, or still running)
+    showed as an extra row named by its folder, with empty cells."""
+    from attnlab.experiment.runs import collect_runs
+
+    for point, done in (("ar", True), ("bd", False)):
+        fit = tmp_path / point / "seed0" / "fit"
+        fit.mkdir(parents=True)
+        (fit / "metrics.csv").write_text("step,train/loss,val/nll\n0,5.0,\n1,4.0,4.5\n")
+        test = fit.parent / "test"
+        test.mkdir()
+        (test / "metrics.csv").write_text("test/nll\n4.4\n")
+        if done:
+            (fit.parent / "done.json").write_text(json.dumps({"point": point, "seed": 0, "index": 0}))
+    records = collect_runs(tmp_path)
+    assert [(r.name, r.seed) for r in records] == [("ar", 0)]
+    assert records[0].evaluations["test"]["test/nll"] == 4.4
+    err = capsys.readouterr().err
+    assert "skipped" in err and str(tmp_path / "bd" / "seed0" / "fit") in err

@@ -31,6 +31,7 @@ OTHER_VERBS = {
     "attention": "draw a checkpoint's attention for one input as PNGs (layers x heads): attnlab attention CKPT 'text'",
     "ablate-heads": "mask each attention head of a checkpoint in turn and measure the change: attnlab ablate-heads CKPT",
     "bench": "training / generation speed, MFU and attention memory against HF GPT-2 and nn.Transformer",
+    "sample-quality": "generative perplexity, NFE, tokens/s and entropy of LM samples: attnlab sample-quality CKPT --scorer AR.ckpt",
 }
 
 HELP = """usage: attnlab <verb> [options]   (attnlab <verb> --help for a verb's options)
@@ -213,6 +214,12 @@ def attention_main(argv: list[str]) -> int:
     return run_attention(argv)
 
 
+def sample_quality_main(argv: list[str]) -> int:
+    from attnlab.experiment.sample_quality import sample_quality_main as run
+
+    return run(argv)
+
+
 def bench_main(argv: list[str]) -> int:
     from attnlab.bench.run import bench_main as run_bench
 
@@ -220,7 +227,8 @@ def bench_main(argv: list[str]) -> int:
 
 
 VERB_MAINS = {"generate": generate_main, "average": average_main, "sweep": sweep_main, "report": report_main,
-              "ablate-heads": ablate_heads_main, "attention": attention_main, "bench": bench_main}
+              "ablate-heads": ablate_heads_main, "attention": attention_main, "bench": bench_main,
+              "sample-quality": sample_quality_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,15 +30,16 @@ def check_accelerator(accelerator, devices=None) -> None:
                               f"use --trainer.devices {count} (or auto)")
 
 
-def check_run_root(root: str | os.PathLike) -> None:
-    """The run root must exist as a writable folder or be creatable (nothing is created here)."""
+def check_run_root(root: str | os.PathLike, name: str = "run.root") -> None:
+    """The run root (or another output folder, `name`) must exist as a writable folder or be
+    creatable (nothing is created here)."""
     path = Path(root).expanduser().absolute()
     existing = path
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ConfigError(f"run.root={root} cannot be created: {existing} is a file, not a folder; "
-                          "choose another --run.root")
+        raise ConfigError(f"{name}={root} cannot be created: {existing} is a file, not a folder; "
+                          f"choose another --{name.removeprefix('--')}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"run.root={root} cannot be written: {existing} is not writable by this user; "
-                          "choose another --run.root")
+        raise ConfigError(f"{name}={root} cannot be written: {existing} is not writable by this user; "
+                          f"choose another --{name.removeprefix('--')}")

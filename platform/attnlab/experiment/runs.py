@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,9 +119,14 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
     for folder in fits:
         fits_by_parent.setdefault(folder.parent, []).append(folder)
     records: dict[Path, RunRecord] = {}
+    in_sweep = any(p.name == "done.json" for p in root.rglob("done.json"))
     for folder in folders:
         done_file = folder.parent / "done.json"
         done = json.loads(done_file.read_text()) if done_file.is_file() else {}
+        if in_sweep and not done and folder in fits:  # a sweep writes done.json last: this point is unfinished
+            print(f"report: skipped {folder} (unfinished: no done.json yet; rerun the sweep to finish it)",
+                  file=sys.stderr)
+            continue
         siblings = fits_by_parent.get(folder.parent, [])
         if folder in fits or len(siblings) != 1:
             name = done.get("point") or str(folder.relative_to(root))
@@ -135,7 +141,7 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
             records[folder] = record
     for folder in folders:
         siblings = fits_by_parent.get(folder.parent, [])
-        if folder not in fits and len(siblings) == 1:
+        if folder not in fits and len(siblings) == 1 and siblings[0] in records:
             records[siblings[0]].evaluations[folder.name] = last_values(histories[folder])
             records[siblings[0]].evaluation_dirs[folder.name] = folder
     return sorted(records.values(), key=lambda r: (r.order, r.name, -1 if r.seed is None else r.seed))

@@ -1,0 +1,248 @@
+"""`attnlab sample-quality`: how good are a language model's samples, and what did they cost?
+
+Likelihood bounds do not say what a diffusion model's samples look like when it is given fewer
+model calls. This draws N unconditional continuations of `[bos]` of a fixed length from each
+checkpoint (at several denoising steps per block for block diffusion), scores them with a
+chosen autoregressive checkpoint ("generative perplexity", BD3-LM Table 7) and reports it beside
+the number of model calls (NFE), the tokens/s and the unigram entropy of the samples (a sample
+that repeats itself has low entropy and often a flattering perplexity).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import AttnlabError, ConfigError
+
+DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
+DEFAULT_STEPS = "1,2,4,8,16,32,64,128"
+
+
+def unigram_entropy(sample: list[int]) -> float:
+    """Entropy (nats) of the token frequencies within one sample; 0 for a single repeated token."""
+    counts = Counter(sample)
+    n = len(sample)
+    return -sum(c / n * math.log(c / n) for c in counts.values()) if n else 0.0
+
+
+@torch.no_grad()
+def sample_nll(scorer, samples: list[list[int]], bos_id: int, pad_id: int, batch_size: int = 32) -> tuple[float, int]:
+    """(summed NLL in nats, token count) of `samples` under a decoder-only model fed `[bos] sample`."""
+    device = next(scorer.parameters()).device
+    total, count = 0.0, 0
+    for start in range(0, len(samples), batch_size):
+        rows = [[bos_id] + s for s in samples[start : start + batch_size] if s]
+        if not rows:
+            continue
+        width = max(map(len, rows))
+        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+        for i, row in enumerate(rows):
+            tokens[i, : len(row)] = torch.tensor(row, device=device)
+        logits = scorer(tokens[:, :-1])  # right padding: causal attention keeps it out of every real position
+        targets = tokens[:, 1:]
+        real = torch.arange(width - 1, device=device)[None, :] < torch.tensor([len(r) - 1 for r in rows], device=device)[:, None]
+        nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        total += float(nll[real].sum())
+        count += int(real.sum())
+    return total, count
+
+
+class CallCounter:
+    """Counts forward calls of a model's transformer stack: one per model call (NFE), whatever
+    the family does around it."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self._handle = model.stack.register_forward_hook(self._count)
+
+    def _count(self, *_):
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, batch_size: int) -> tuple[list[list[int]], int, float]:
+    """(samples of exactly `length` tokens, model calls, seconds) from `[bos]`; eos does not stop
+    a sample (it is the line break of the training text), so every sample has the same length."""
+    from attnlab.generation.block_diffusion import sample_blocks
+    from attnlab.generation.decoder_only import generate
+
+    ids = module.special
+    generator = torch.Generator(device=next(module.model.parameters()).device).manual_seed(seed)
+    counter = CallCounter(module.model)
+    samples: list[list[int]] = []
+    start = time.perf_counter()
+    try:
+        for first in range(0, n, batch_size):
+            prompts = [[ids.bos]] * min(batch_size, n - first)
+            common = dict(max_new_tokens=length, eos_id=-1, pad_id=ids.pad, sampling=sampling, generator=generator)
+            if module.family == "block_diffusion":
+                samples += sample_blocks(module.model, prompts, block_size=module.block_size, steps=steps,
+                                         unmasking=module.unmasking, **common)
+            else:
+                samples += generate(module.model, prompts, **common)
+    finally:
+        counter.close()
+    seconds = time.perf_counter() - start
+    batches = math.ceil(n / batch_size)
+    return samples, counter.calls // batches, seconds
+
+
+def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) -> list[list[int]]:
+    """The samples in the scorer's pieces: the same ids when the tokenizers are one, else the
+    decoded text re-encoded (lines joined by eos, as the training text was)."""
+    if scorer_tokenizer.model_proto == source_tokenizer.model_proto:
+        return samples
+    from data_modules.batch import SpecialIds
+    from data_modules.token_files import chunk_text
+
+    eos, out = SpecialIds().eos, []
+    for sample in samples:
+        ids: list[int] = []
+        for line in scorer_tokenizer.encode_batch(chunk_text(sample, source_tokenizer).split("\n")):
+            ids += ([eos] if ids else []) + line
+        out.append(ids)
+    return out
+
+
+def step_counts(module, requested: list[int]) -> list[int | None]:
+    """Denoising steps per block to try: the requested ones a block allows; None for AR."""
+    if module.family != "block_diffusion":
+        return [None]
+    usable = sorted({s for s in requested if 1 <= s <= module.block_size})
+    return usable or [module.block_size]
+
+
+def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int, steps: list[int], sampling,
+             seed: int, batch_size: int, device: str, log=print) -> list[dict]:
+    from attnlab.checkpoints.reading import load_checkpoint
+
+    scorer_module, _ = load_checkpoint(scorer_path)
+    if scorer_module.family != "decoder_only" or not scorer_module.plain_lm:
+        raise ConfigError(f"--scorer {scorer_path}: a {scorer_module.family} checkpoint"
+                          f"{'' if scorer_module.plain_lm else ' trained on pairs'}; the scorer must be a DecoderOnly "
+                          "checkpoint trained on plain text (e.g. the lm/compare_families decoder_only run)")
+    scorer = scorer_module.model.to(device).eval()
+    modules = []
+    for path in checkpoints:
+        module, _ = load_checkpoint(path)
+        if module.family not in ("decoder_only", "block_diffusion") or not module.plain_lm:
+            raise ConfigError(f"{path}: a {module.family} checkpoint{'' if module.plain_lm else ' trained on pairs'}; "
+                              "sample-quality draws from DecoderOnly or BlockDiffusion checkpoints trained on plain text")
+        modules.append((path, module.to(device).eval()))
+    rows = []
+    for path, module in modules:
+        for step in step_counts(module, steps):
+            samples, calls, seconds = draw(module, n, length, step, sampling, seed, batch_size)
+            scored = rescore_ids(samples, module.tokenizer, scorer_module.tokenizer)
+            total, count = sample_nll(scorer, scored, scorer_module.special.bos, scorer_module.special.pad, batch_size)
+            row = {
+                "checkpoint": str(path), "family": module.family,
+                "block_size": getattr(module, "block_size", 1) if module.family == "block_diffusion" else 1,
+                "steps_per_block": step if step is not None else 1, "nfe": calls,
+                "gen_ppl": math.exp(total / count) if count else float("nan"),
+                "entropy": sum(map(unigram_entropy, samples)) / len(samples),
+                "tokens_per_s": n * length / seconds, "samples": n, "length": length,
+            }
+            rows.append(row)
+            log(f"{_label(row)}: NFE {calls}, generative perplexity {row['gen_ppl']:.1f}, "
+                f"entropy {row['entropy']:.2f}, {row['tokens_per_s']:.0f} tokens/s")
+    return rows
+
+
+def _label(row: dict) -> str:
+    if row["family"] == "decoder_only":
+        return "AR"
+    return f"BD block {row['block_size']}, {row['steps_per_block']} steps/block"
+
+
+def markdown(rows: list[dict], scorer: Path) -> str:
+    lines = [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
+             "each); entropy is the mean unigram entropy of a sample in nats.", "",
+             "| model | block | steps / block | NFE | gen. PPL | entropy | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        model = "AR" if r["family"] == "decoder_only" else "BD"
+        lines.append(f"| {model} | {r['block_size']} | {r['steps_per_block']} | {r['nfe']} | {r['gen_ppl']:.1f} | "
+                     f"{r['entropy']:.2f} | {r['tokens_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    from attnlab.experiment.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for checkpoint in dict.fromkeys(r["checkpoint"] for r in rows):
+        line = sorted((r for r in rows if r["checkpoint"] == checkpoint), key=lambda r: r["nfe"])
+        name = "AR" if line[0]["family"] == "decoder_only" else f"BD block {line[0]['block_size']}"
+        ax.plot([r["nfe"] for r in line], [r["gen_ppl"] for r in line], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"model calls (NFE) for {rows[0]['length']} tokens")
+    ax.set_ylabel("generative perplexity (AR scorer)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{flag} {value} must be >= 1")
+
+
+def sample_quality_main(argv: list[str]) -> int:
+    from attnlab.cli.preflight import check_run_root
+    from attnlab.generation.sampling import SamplingConfig
+
+    parser = argparse.ArgumentParser(prog="attnlab sample-quality", description=DESCRIPTION)
+    parser.add_argument("checkpoints", nargs="+", help="DecoderOnly / BlockDiffusion .ckpt files trained on plain text")
+    parser.add_argument("--scorer", required=True, help="the DecoderOnly plain-text checkpoint that scores every sample")
+    parser.add_argument("--samples", type=int, default=64, help="continuations per point (default: 64)")
+    parser.add_argument("--length", type=int, default=128, help="tokens per sample (default: 128)")
+    parser.add_argument("--steps", default=DEFAULT_STEPS,
+                        help=f"denoising steps per block to try for block diffusion, those a block allows (default: {DEFAULT_STEPS})")
+    parser.add_argument("--temperature", type=float, default=1.0, help="default: 1.0 (0 = greedy)")
+    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling as BD3-LM samples (default: 0.9)")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default: 0)")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples drawn at once (default: 64)")
+    parser.add_argument("--output", default="runs/sample_quality", help="folder for the table, JSON and plot (default: runs/sample_quality)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    args = parser.parse_args(argv)
+    for flag, value in (("--samples", args.samples), ("--length", args.length), ("--batch-size", args.batch_size)):
+        _positive(flag, value)
+    try:
+        steps = [int(s) for s in args.steps.split(",")]
+    except ValueError:
+        raise ConfigError(f"--steps {args.steps!r}: must be comma-separated integers, e.g. 1,2,4,8") from None
+    for s in steps:
+        _positive("--steps", s)
+    paths = [Path(p) for p in args.checkpoints]
+    for path in [*paths, Path(args.scorer)]:
+        if not path.is_file():
+            raise AttnlabError(f"checkpoint {path}: no such file; pass a .ckpt written by attnlab fit")
+    check_run_root(args.output, "--output")
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = evaluate(paths, Path(args.scorer), n=args.samples, length=args.length, steps=steps, sampling=sampling,
+                    seed=args.seed, batch_size=args.batch_size, device=device,
+                    log=lambda line: print(f"[sample-quality] {line}", flush=True))
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows, Path(args.scorer))
+    (output / "sample_quality.md").write_text(table, encoding="utf-8")
+    (output / "sample_quality.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    figure = plot(rows, output / "sample_quality.png")
+    print("\n" + table)
+    print(f"written: {output / 'sample_quality.md'}, {output / 'sample_quality.json'}, {figure}")
+    return 0
