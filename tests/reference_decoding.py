@@ -51,7 +51,7 @@ def translate_uncached(model, encoded, *, max_lengths, bos_id, eos_id, pad_id, s
 
 @torch.no_grad()
 def sample_blocks_uncached(model, prompts, *, max_new_tokens, block_size, steps, eos_id, pad_id,
-                           sampling=SamplingConfig(), unmasking="confidence", generator=None):
+                           sampling=SamplingConfig(), unmasking="confidence", threshold=0.9, generator=None):
     """Block diffusion: each denoising step runs the training path (`denoise`) over every clean block."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
@@ -72,7 +72,7 @@ def sample_blocks_uncached(model, prompts, *, max_new_tokens, block_size, steps,
             return model.logits(model.denoise(x, noisy_blocks, positions, clean, clean_blocks, clean_positions))
 
         empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
-        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator)
+        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator, threshold)
         clean = torch.cat((clean, block), dim=1)
         clean_blocks = torch.cat((clean_blocks, noisy_blocks), dim=1)
         clean_positions = torch.cat((clean_positions, positions), dim=1)

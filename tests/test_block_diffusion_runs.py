@@ -26,7 +26,8 @@ def bd_run(tmp_path_factory):
 def test_fit_logs_the_common_metric_keys(bd_run):
     _, run_dir = bd_run
     metrics = read_metrics(run_dir)
-    for key in ("train/loss", "val/nll", "val/ppl", "val/bleu", "val/chrf", "val/exact_match", "val/gen_tokens_per_s"):
+    for key in ("train/loss", "val/nll", "val/ppl", "val/bleu", "val/chrf", "val/exact_match", "val/gen_tokens_per_s",
+                "val/nfe_per_token"):
         assert metrics.get(key), f"{key} missing from {run_dir / 'metrics.csv'}"
     assert metrics["val/gen_tokens_per_s"][-1] > 0
 

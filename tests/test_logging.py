@@ -11,7 +11,8 @@ import pytest
 
 from conftest import debug_fit_args, read_metrics, run_main, run_process
 
-VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/bpb", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s")
+VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/bpb", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s",
+            "val/nfe_per_token")
 
 
 def test_wandb_auto_without_credentials_runs_offline_and_never_prompts(tmp_path):

@@ -6,7 +6,7 @@ import torch
 
 from attnlab import BackboneConfig, BlockDiffusion, ConfigError, SamplingConfig
 from attnlab.components.masks import block_diffusion_mask
-from attnlab.generation.block_diffusion import sample_blocks, unmask_schedule
+from attnlab.generation.block_diffusion import denoise_block, sample_blocks, unmask_schedule
 from reference_decoding import sample_blocks_uncached
 from attnlab.models.framing import frame_blocks
 from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
@@ -173,6 +173,77 @@ def test_cached_sampling_gives_the_tokens_of_uncached_sampling(unmasking, temper
     assert all(len(row) <= 10 and EOS not in row and MASK not in row for row in cached)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.9])
+def test_cached_threshold_decoding_gives_the_tokens_of_uncached(temperature, threshold):
+    module = tiny_module(block_size=4, positional="rope")
+    sampling = SamplingConfig(temperature=temperature, top_p=0.9)
+
+    def run(sampler):
+        return sampler(module.model, PROMPTS, max_new_tokens=10, block_size=4, steps=4, eos_id=EOS, pad_id=PAD,
+                       sampling=sampling, unmasking="threshold", threshold=threshold,
+                       generator=torch.Generator().manual_seed(5))
+
+    cached = run(sample_blocks)
+    assert cached == run(sample_blocks_uncached)
+    assert all(MASK not in row for row in cached)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_threshold_one_reveals_one_token_a_call_like_confidence_decoding(temperature):
+    module = tiny_module(block_size=4, positional="rope")
+    sampling = SamplingConfig(temperature=temperature)
+
+    def run(unmasking, threshold=0.9):
+        return sample_blocks(module.model, PROMPTS, max_new_tokens=10, block_size=4, steps=4, eos_id=EOS, pad_id=PAD,
+                             sampling=sampling, unmasking=unmasking, threshold=threshold,
+                             generator=torch.Generator().manual_seed(2))
+
+    assert run("threshold", 1.0) == run("confidence")
+
+
+def _counting(logits_of):
+    calls = []
+
+    def counted(x):
+        calls.append(x.clone())
+        return logits_of(x)
+    return counted, calls
+
+
+def test_threshold_zero_decodes_a_block_in_one_call_and_counts_match_a_hand_count():
+    # Hand-made logits over a vocabulary of 4 (mask id 3) for one row of a 4-token block:
+    # position 0 is sure (p = .97), 1 and 2 are 50/50, 3 is .9 sure. With threshold 0.8:
+    # call 1 reveals 0 and 3; call 2 reveals one of the 50/50 positions (the most confident,
+    # ties to the lower index) and call 3 the last: 3 calls.
+    sure = torch.log(torch.tensor([0.97, 0.01, 0.01, 0.01]))
+    even = torch.log(torch.tensor([0.5, 0.5, 1e-6, 1e-6]))
+    likely = torch.log(torch.tensor([0.03, 0.9, 0.03, 0.04]))
+    logits = torch.stack([sure, even, even, likely])[None]  # (1, 4, 4)
+    empty = torch.full((1, 4), 3)
+    greedy = SamplingConfig(temperature=0.0)
+    counted, calls = _counting(lambda x: logits)
+    block = denoise_block(empty, counted, 4, 3, greedy, "threshold", threshold=0.8)
+    assert len(calls) == 3 and block.tolist() == [[0, 0, 0, 1]]
+    assert (calls[1] == 3).tolist() == [[False, True, True, False]]
+    counted, calls = _counting(lambda x: logits)
+    assert denoise_block(empty, counted, 4, 3, greedy, "threshold", threshold=0.0).tolist() == [[0, 0, 0, 1]]
+    assert len(calls) == 1
+    counted, calls = _counting(lambda x: logits)
+    denoise_block(empty, counted, 4, 3, greedy, "threshold", threshold=1.0)
+    assert len(calls) == 4
+
+
+def test_a_block_diffusion_model_with_threshold_zero_makes_one_call_a_block():
+    module = tiny_module(block_size=4, positional="rope")
+    calls = []
+    handle = module.model.stack.register_forward_hook(lambda *_: calls.append(1))
+    sample_blocks(module.model, PROMPTS, max_new_tokens=12, block_size=4, steps=4, eos_id=-1, pad_id=PAD,
+                  unmasking="threshold", threshold=0.0)
+    handle.remove()
+    assert len(calls) == 3  # 12 tokens, 3 blocks; each finished block joins the cache in the next call
+
+
 def test_every_step_reveals_its_share_and_the_block_ends_clean():
     assert unmask_schedule(4, 2) == [2, 2] and unmask_schedule(5, 3) == [2, 2, 1] and unmask_schedule(4, 4) == [1] * 4
 
@@ -181,6 +252,7 @@ def test_every_step_reveals_its_share_and_the_block_ends_clean():
     ({"block_size": 0}, "block_size"),
     ({"block_size": 4, "denoising_steps": 5}, "denoising_steps"),
     ({"unmasking": "sorted"}, "unmasking"),
+    ({"unmasking": "threshold", "threshold": 1.5}, "threshold"),
     ({"noise_range": [0.8, 0.3]}, "noise_range"),
     ({"noise_search": [[0.0, 1.0]]}, "noise_search"),
     ({"generation": {"beam_size": 4}}, "beam_size"),

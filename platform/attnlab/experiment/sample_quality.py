@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.generation.model_calls import CallCounter
 
 DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
 DEFAULT_STEPS = "1,2,4,8,16,32,64,128"
@@ -53,21 +54,6 @@ def sample_nll(scorer, samples: list[list[int]], bos_id: int, pad_id: int, batch
     return total, count
 
 
-class CallCounter:
-    """Counts forward calls of a model's transformer stack: one per model call (NFE), whatever
-    the family does around it."""
-
-    def __init__(self, model):
-        self.calls = 0
-        self._handle = model.stack.register_forward_hook(self._count)
-
-    def _count(self, *_):
-        self.calls += 1
-
-    def close(self) -> None:
-        self._handle.remove()
-
-
 def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, batch_size: int) -> tuple[list[list[int]], int, float]:
     """(samples of exactly `length` tokens, model calls, seconds) from `[bos]`; eos does not stop
     a sample (it is the line break of the training text), so every sample has the same length."""
@@ -76,10 +62,9 @@ def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, ba
 
     ids = module.special
     generator = torch.Generator(device=next(module.model.parameters()).device).manual_seed(seed)
-    counter = CallCounter(module.model)
     samples: list[list[int]] = []
     start = time.perf_counter()
-    try:
+    with CallCounter(module.decoding_stack()) as counter:
         for first in range(0, n, batch_size):
             prompts = [[ids.bos]] * min(batch_size, n - first)
             common = dict(max_new_tokens=length, eos_id=-1, pad_id=ids.pad, sampling=sampling, generator=generator)
@@ -88,8 +73,6 @@ def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, ba
                                          unmasking=module.unmasking, **common)
             else:
                 samples += generate(module.model, prompts, **common)
-    finally:
-        counter.close()
     seconds = time.perf_counter() - start
     batches = math.ceil(n / batch_size)
     return samples, counter.calls // batches, seconds

@@ -157,6 +157,10 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
                 stack.compile(dynamic=True, backend=self.compile_backend)
             self._compiled = True
 
+    def decoding_stack(self):
+        """The stack whose forward calls are the model calls (NFE) of generation."""
+        return self.model.stack
+
     def _eager_generation(self):
         """A context in which compiled stacks run as plain eager modules (see `compile_stacks`)."""
         return torch.compiler.set_stance("force_eager") if self._compiled else contextlib.nullcontext()

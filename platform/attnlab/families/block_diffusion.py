@@ -42,6 +42,7 @@ class BlockDiffusion(FamilyModule):
         block_size: int = 4,
         denoising_steps: int | None = None,
         unmasking: str = "confidence",
+        threshold: float = 0.9,
         noise_range: tuple[float, float] = (1e-3, 1.0),
         noise_search: list[list[float]] | None = None,
         eval_noise_floor: float = 1e-3,
@@ -52,7 +53,9 @@ class BlockDiffusion(FamilyModule):
         """noise_range: the training t range [β, ω] (BD3-LM clips it, e.g. [0.5, 1] for block 4).
         noise_search: candidate ranges; each validation epoch of `fit` measures the variance of
         the per-sequence loss under each and trains on the lowest.
-        denoising_steps: model calls per block when sampling (default: block_size, one token each).
+        denoising_steps: model calls per block when sampling (default: block_size, one token each);
+        with unmasking "threshold" a block takes as many calls as it needs instead: each reveals
+        every masked position whose proposal has probability >= `threshold` (at least one).
         """
         super().__init__(*args, **kwargs)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -65,15 +68,19 @@ class BlockDiffusion(FamilyModule):
             )
         if unmasking not in UNMASKING:
             raise ConfigError(f"model.init_args.unmasking={unmasking!r} is not one of {', '.join(UNMASKING)}")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"model.init_args.threshold={threshold!r} must be a probability in [0, 1] "
+                              "(0 reveals a whole block in one call, 1 one token per call)")
         if not 0.0 < eval_noise_floor < 1.0:
             raise ConfigError(f"model.init_args.eval_noise_floor={eval_noise_floor} must be in (0, 1)")
         if self.sampling.beam_size != 1:
             raise ConfigError("generation.beam_size must be 1 for BlockDiffusion (it samples whole blocks, not beams)")
         self.noise_candidates = [_check_range("noise_search", c) for c in (noise_search or [])]
         self.block_size, self.denoising_steps, self.unmasking = block_size, steps, unmasking
+        self.threshold = float(threshold)
         self.eval_noise_floor, self.antithetic = eval_noise_floor, antithetic
         self.hparams.update(
-            block_size=block_size, denoising_steps=denoising_steps, unmasking=unmasking,
+            block_size=block_size, denoising_steps=denoising_steps, unmasking=unmasking, threshold=threshold,
             noise_range=list(noise_range), noise_search=noise_search, eval_noise_floor=eval_noise_floor,
             antithetic=antithetic, mask_backend=mask_backend,
         )
@@ -215,4 +222,5 @@ class BlockDiffusion(FamilyModule):
         return sample_blocks(
             self.model, prompts, max_new_tokens=max_new, block_size=self.block_size, steps=self.denoising_steps,
             eos_id=ids.eos, pad_id=ids.pad, sampling=self.sampling, unmasking=self.unmasking,
+            threshold=self.threshold,
         )

@@ -47,6 +47,10 @@ class EncoderDecoder(FamilyModule):
     def positions_needed(self, source_length: int, target_length: int) -> int:
         return max(source_length + 1, target_length + 1, self.max_output_length(source_length))
 
+    def decoding_stack(self):
+        """The decoder: the encoder runs once per source, not once per generated token."""
+        return self.model.decoder
+
     def generate_ids(self, batch):
         source, source_valid, _, _ = self._frame(batch)
         encoded, _ = self.model.encode(source, source_valid)

@@ -10,6 +10,7 @@ import time
 import torch
 
 from attnlab.errors import ConfigError
+from attnlab.generation.model_calls import CallCounter
 from attnlab.families.metrics import (
     GENERATION_METRICS,
     LIKELIHOOD_METRICS,
@@ -56,13 +57,14 @@ class EvaluationSteps:
         hypotheses = None
         if generate and self.tokenizer is not None and not is_plain_lm(batch):
             started = time.perf_counter()
-            with self._eager_generation():
+            with self._eager_generation(), CallCounter(self.decoding_stack()) as calls:
                 ids = self.generate_ids(batch)
             seconds = time.perf_counter() - started
             hypotheses = self.tokenizer.decode_batch(ids)
             # Throughput counts every generated row (padding rows cost time too); quality, counted rows.
             metrics.update_generation([hypotheses[i] for i in kept], [batch["target_text"][i] for i in kept],
-                                      sum(len(i) + 1 for i in ids), seconds)
+                                      sum(len(i) + 1 for i in ids), seconds,
+                                      calls=calls.calls, positions=self._longest_output(batch, ids))
             if len(self.examples) < self.num_examples:
                 self.examples.extend(zip(batch["source_text"], batch["target_text"], hypotheses))
         if self.trainer.state.fn in ("test", "validate"):
@@ -74,6 +76,12 @@ class EvaluationSteps:
                     self.example_records.append(example_record(
                         position, batch["source_text"][i], batch["target_text"][i],
                         None if hypotheses is None else hypotheses[i], nll[i], tokens[i], int(n_bytes[i])))
+
+    def _longest_output(self, batch, ids) -> int:
+        """Tokens of the batch's longest output, its eos included unless the row ran out of budget:
+        what NFE per token divides by (an AR batch takes exactly that many calls)."""
+        budgets = self.max_output_length(batch["source_lengths"]).tolist()
+        return max((len(row) + (len(row) < budget) for row, budget in zip(ids, budgets)), default=0)
 
     def on_validation_epoch_start(self):
         self.examples, self.example_records = [], []

@@ -14,7 +14,7 @@ from torchmetrics.text import SacreBLEUScore
 # The keys every family logs per split: likelihoods (lower is better) and, when it generates,
 # generation scores and speed (higher is better). Checkpoint selection, sweeps and reports read these.
 LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
-GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s")
+GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s", "nfe_per_token")
 
 
 def exact(prediction: str, reference: str) -> bool:
@@ -97,7 +97,7 @@ class EvalMetrics(nn.Module):
         # drops NaN values with a warning, which turned a diverged model into val/nll = 0.
         for name in ("loss_sum", "nll_sum"):
             setattr(self, name, SumMetric(nan_strategy="disable"))
-        for name in ("tokens", "bytes", "gen_tokens", "gen_seconds"):
+        for name in ("tokens", "bytes", "gen_tokens", "gen_seconds", "gen_calls", "gen_positions"):
             setattr(self, name, SumMetric())
         self.generated = False
 
@@ -108,13 +108,17 @@ class EvalMetrics(nn.Module):
         self.tokens.update(torch.as_tensor(tokens).float().sum())
         self.bytes.update(torch.as_tensor(n_bytes).float().sum())
 
-    def update_generation(self, hypotheses: list[str], references: list[str], n_tokens: int, seconds: float):
+    def update_generation(self, hypotheses: list[str], references: list[str], n_tokens: int, seconds: float,
+                          calls: int = 0, positions: int = 0):
+        """`calls`: the model calls (NFE) the batch took; `positions`: tokens (with eos) of its longest row."""
         self.bleu.update(hypotheses, [[r] for r in references])
         self.bleu_lc.update(hypotheses, [[r] for r in references])
         self.chrf.update(hypotheses, references)
         self.exact_match.update(hypotheses, references)
         self.gen_tokens.update(float(n_tokens))
         self.gen_seconds.update(seconds)
+        self.gen_calls.update(float(calls))
+        self.gen_positions.update(float(positions))
         self.generated = True
 
     def compute(self, prefix: str) -> dict[str, float]:
@@ -134,6 +138,7 @@ class EvalMetrics(nn.Module):
             out[f"{prefix}/gen_tokens_per_s"] = float(self.gen_tokens.compute()) / max(
                 float(self.gen_seconds.compute()), 1e-9
             )
+            out[f"{prefix}/nfe_per_token"] = float(self.gen_calls.compute()) / max(float(self.gen_positions.compute()), 1.0)
         return out
 
     def reset(self) -> None:

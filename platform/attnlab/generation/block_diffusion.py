@@ -1,17 +1,20 @@
 """Block-diffusion sampling: blocks left to right, each denoised from all-mask in a few steps.
 
 Each step proposes a token for every masked position and keeps the k most confident (or k
-random) ones; after the last step the block is clean, and its keys and values join the cache
-in the first call of the next block.
+random) ones, or every one whose probability passes a threshold (adaptive: as many calls as the
+block needs); once the block is clean, its keys and values join the cache in the first call of
+the next block.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from attnlab.generation.loop import left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
-UNMASKING = ("confidence", "random")
+UNMASKING = ("confidence", "random", "threshold")
 
 
 def unmask_schedule(block_size: int, steps: int) -> list[int]:
@@ -19,24 +22,50 @@ def unmask_schedule(block_size: int, steps: int) -> list[int]:
     return [block_size // steps + (1 if s < block_size % steps else 0) for s in range(steps)]
 
 
+def propose(logits: torch.Tensor, sampling: SamplingConfig, unmasking: str,
+            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, n, V) logits -> a token for every position and its score: the token's log-probability
+    (confidence, threshold) or a uniform draw (random)."""
+    rows, n, _ = logits.shape
+    if sampling.temperature == 0.0 and unmasking != "random":
+        score, proposal = logits.float().log_softmax(-1).max(-1)  # greedy: the proposal is the most likely
+        return proposal, score
+    proposal = choose_next(logits.reshape(rows * n, -1), sampling, generator).view(rows, n)
+    if unmasking == "random":
+        return proposal, torch.rand(rows, n, generator=generator, device=logits.device)
+    return proposal, logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
+
+
 def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Turn an all-mask (B, n) block into tokens in `steps` model calls."""
-    rows, n = block.shape
-    for count in unmask_schedule(n, steps):
-        logits = logits_of(block)
-        if sampling.temperature == 0.0 and unmasking == "confidence":
-            score, proposal = logits.float().log_softmax(-1).max(-1)  # greedy: the proposal is the most likely
-        else:
-            proposal = choose_next(logits.reshape(rows * n, -1), sampling, generator).view(rows, n)
-            if unmasking == "confidence":
-                score = logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
-            else:
-                score = torch.rand(rows, n, generator=generator, device=block.device)
+                  generator: torch.Generator | None = None, threshold: float = 0.9) -> torch.Tensor:
+    """Turn an all-mask (B, n) block into tokens: in `steps` model calls (confidence, random), or,
+    with unmasking "threshold", revealing each call every masked position whose proposal has
+    probability >= `threshold` (at least the most confident one per row), until the block is clean."""
+    if unmasking == "threshold":
+        return _denoise_by_threshold(block, logits_of, mask_id, sampling, threshold, generator)
+    for count in unmask_schedule(block.shape[1], steps):
+        proposal, score = propose(logits_of(block), sampling, unmasking, generator)
         score = score.masked_fill(block != mask_id, float("-inf"))
         reveal = score.topk(count, dim=1).indices
         block = block.scatter(1, reveal, proposal.gather(1, reveal))
     return block
+
+
+def _denoise_by_threshold(block, logits_of, mask_id: int, sampling: SamplingConfig, threshold: float,
+                          generator: torch.Generator | None) -> torch.Tensor:
+    """Adaptive parallel decoding (Fast-dLLM's rule): easy blocks finish in one call, hard ones
+    take up to one call per token. A row whose block is clean waits for the others unchanged."""
+    floor = math.log(threshold) if threshold > 0 else float("-inf")
+    while True:
+        masked = block == mask_id
+        if not bool(masked.any()):
+            return block
+        proposal, score = propose(logits_of(block), sampling, "threshold", generator)
+        score = score.masked_fill(~masked, float("-inf"))
+        reveal = masked & (score >= floor)
+        best = score.argmax(dim=1, keepdim=True)
+        reveal = reveal.scatter(1, best, masked.gather(1, best))  # progress on every row still masked
+        block = torch.where(reveal, proposal, block)
 
 
 @torch.no_grad()
@@ -51,6 +80,7 @@ def sample_blocks(
     pad_id: int,
     sampling: SamplingConfig = SamplingConfig(),
     unmasking: str = "confidence",
+    threshold: float = 0.9,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
@@ -71,7 +101,7 @@ def sample_blocks(
     blocks = []
     for b in range((int(budgets.max()) + block_size - 1) // block_size if rows else 0):
         empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
-        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator)
+        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator, threshold)
         to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
         blocks.append(block)
         done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets)
