@@ -65,27 +65,31 @@ def test_nfe_is_one_call_per_token_for_ar_and_steps_per_block_for_block_diffusio
 
     sampling = SamplingConfig(temperature=1.0)
     ar, _ = load_checkpoint(lm_checkpoints["ar"])
-    samples, calls, _ = draw(ar, 3, 6, None, sampling, seed=0, batch_size=3)
+    samples, calls, _ = draw(ar, 3, 6, {}, sampling, seed=0, batch_size=3)
     assert calls == 6 and [len(s) for s in samples] == [6, 6, 6]  # the prompt call gives token 1, then 5 more
     bd, _ = load_checkpoint(lm_checkpoints["bd"])
     for steps, expected in ((1, 2), (2, 4), (4, 8)):  # 8 tokens = 2 blocks of 4
-        samples, calls, _ = draw(bd, 2, 8, steps, sampling, seed=0, batch_size=2)
+        samples, calls, _ = draw(bd, 2, 8, {"unmasking": "confidence", "steps": steps}, sampling, seed=0, batch_size=2)
         assert calls == expected and [len(s) for s in samples] == [8, 8]
-    again, _, _ = draw(bd, 2, 8, 2, sampling, seed=0, batch_size=2)
-    assert again == draw(bd, 2, 8, 2, sampling, seed=0, batch_size=2)[0]  # seeded
+    two = {"unmasking": "confidence", "steps": 2}
+    assert draw(bd, 2, 8, two, sampling, seed=0, batch_size=2)[0] == draw(bd, 2, 8, two, sampling, seed=0, batch_size=2)[0]
+    at_once = {"unmasking": "threshold", "steps": 4, "threshold": 0.0}
+    assert draw(bd, 2, 8, at_once, sampling, seed=0, batch_size=2)[1] == 2  # one call a block
 
 
 def test_the_verb_writes_the_table_json_and_plot(lm_checkpoints, tmp_path):
     out = tmp_path / "quality"
     result = run_main(["sample-quality", lm_checkpoints["bd"], lm_checkpoints["ar"], "--scorer", lm_checkpoints["ar"],
-                       "--samples", "4", "--length", "8", "--steps", "1,2,4,64", "--output", out], cwd=tmp_path)
+                       "--samples", "4", "--length", "8", "--steps", "1,2,4,64", "--thresholds", "0", "--output", out],
+                      cwd=tmp_path)
     assert result.code == 0, result.err[-3000:]
     rows = json.loads((out / "sample_quality.json").read_text())
-    assert [(r["family"], r["steps_per_block"], r["nfe"]) for r in rows] == [
-        ("block_diffusion", 1, 2), ("block_diffusion", 2, 4), ("block_diffusion", 4, 8), ("decoder_only", 1, 8)]
+    assert [(r["family"], r["steps_per_block"], r["threshold"], r["nfe"]) for r in rows] == [
+        ("block_diffusion", 1, None, 2), ("block_diffusion", 2, None, 4), ("block_diffusion", 4, None, 8),
+        ("block_diffusion", None, 0.0, 2), ("decoder_only", 1, None, 8)]
     assert all(0 <= r["entropy"] <= math.log(8) + 1e-9 and r["gen_ppl"] > 1 for r in rows)
     assert (out / "sample_quality.png").stat().st_size > 0
-    assert "| AR | 1 | 1 | 8 |" in (out / "sample_quality.md").read_text()
+    assert "| AR | 1 | one token a call | 8.0 |" in (out / "sample_quality.md").read_text()
 
 
 def test_a_scorer_that_is_not_a_plain_text_decoder_only_is_refused(lm_checkpoints, tmp_path):

@@ -54,9 +54,10 @@ def sample_nll(scorer, samples: list[list[int]], bos_id: int, pad_id: int, batch
     return total, count
 
 
-def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, batch_size: int) -> tuple[list[list[int]], int, float]:
-    """(samples of exactly `length` tokens, model calls, seconds) from `[bos]`; eos does not stop
-    a sample (it is the line break of the training text), so every sample has the same length."""
+def draw(module, n: int, length: int, setting: dict, sampling, seed: int, batch_size: int) -> tuple[list[list[int]], float, float]:
+    """(samples of exactly `length` tokens, model calls per batch, seconds) from `[bos]`; eos does
+    not stop a sample (it is the line break of the training text), so every sample has the same
+    length. `setting`: a block-diffusion decoding (unmasking, steps, threshold); {} for AR."""
     from attnlab.generation.block_diffusion import sample_blocks
     from attnlab.generation.decoder_only import generate
 
@@ -69,13 +70,11 @@ def draw(module, n: int, length: int, steps: int | None, sampling, seed: int, ba
             prompts = [[ids.bos]] * min(batch_size, n - first)
             common = dict(max_new_tokens=length, eos_id=-1, pad_id=ids.pad, sampling=sampling, generator=generator)
             if module.family == "block_diffusion":
-                samples += sample_blocks(module.model, prompts, block_size=module.block_size, steps=steps,
-                                         unmasking=module.unmasking, **common)
+                samples += sample_blocks(module.model, prompts, block_size=module.block_size, **setting, **common)
             else:
                 samples += generate(module.model, prompts, **common)
     seconds = time.perf_counter() - start
-    batches = math.ceil(n / batch_size)
-    return samples, counter.calls // batches, seconds
+    return samples, counter.calls / math.ceil(n / batch_size), seconds
 
 
 def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) -> list[list[int]]:
@@ -95,16 +94,19 @@ def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) ->
     return out
 
 
-def step_counts(module, requested: list[int]) -> list[int | None]:
-    """Denoising steps per block to try: the requested ones a block allows; None for AR."""
+def decodings(module, steps: list[int], thresholds: list[float]) -> list[dict]:
+    """The decodings to try: {} for AR; for block diffusion each requested steps per block that a
+    block allows (confidence unmasking, or random if the model samples so) and each threshold."""
     if module.family != "block_diffusion":
-        return [None]
-    usable = sorted({s for s in requested if 1 <= s <= module.block_size})
-    return usable or [module.block_size]
+        return [{}]
+    fixed = "random" if module.unmasking == "random" else "confidence"
+    usable = sorted({s for s in steps if 1 <= s <= module.block_size}) or [module.block_size]
+    return ([{"unmasking": fixed, "steps": s} for s in usable]
+            + [{"unmasking": "threshold", "steps": module.block_size, "threshold": t} for t in thresholds])
 
 
-def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int, steps: list[int], sampling,
-             seed: int, batch_size: int, device: str, log=print) -> list[dict]:
+def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int, steps: list[int],
+             thresholds: list[float], sampling, seed: int, batch_size: int, device: str, log=print) -> list[dict]:
     from attnlab.checkpoints.reading import load_checkpoint
 
     scorer_module, _ = load_checkpoint(scorer_path)
@@ -122,20 +124,23 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
         modules.append((path, module.to(device).eval()))
     rows = []
     for path, module in modules:
-        for step in step_counts(module, steps):
-            samples, calls, seconds = draw(module, n, length, step, sampling, seed, batch_size)
+        for setting in decodings(module, steps, thresholds):
+            samples, calls, seconds = draw(module, n, length, setting, sampling, seed, batch_size)
             scored = rescore_ids(samples, module.tokenizer, scorer_module.tokenizer)
             total, count = sample_nll(scorer, scored, scorer_module.special.bos, scorer_module.special.pad, batch_size)
+            threshold = setting.get("threshold")
             row = {
                 "checkpoint": str(path), "family": module.family,
-                "block_size": getattr(module, "block_size", 1) if module.family == "block_diffusion" else 1,
-                "steps_per_block": step if step is not None else 1, "nfe": calls,
+                "block_size": module.block_size if module.family == "block_diffusion" else 1,
+                "unmasking": setting.get("unmasking", "autoregressive"),
+                "steps_per_block": None if threshold is not None else setting.get("steps", 1),
+                "threshold": threshold, "nfe": calls,
                 "gen_ppl": math.exp(total / count) if count else float("nan"),
                 "entropy": sum(map(unigram_entropy, samples)) / len(samples),
                 "tokens_per_s": n * length / seconds, "samples": n, "length": length,
             }
             rows.append(row)
-            log(f"{_label(row)}: NFE {calls}, generative perplexity {row['gen_ppl']:.1f}, "
+            log(f"{_label(row)}: NFE {calls:.1f}, generative perplexity {row['gen_ppl']:.1f}, "
                 f"entropy {row['entropy']:.2f}, {row['tokens_per_s']:.0f} tokens/s")
     return rows
 
@@ -143,17 +148,25 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
 def _label(row: dict) -> str:
     if row["family"] == "decoder_only":
         return "AR"
-    return f"BD block {row['block_size']}, {row['steps_per_block']} steps/block"
+    return f"BD block {row['block_size']}, {_decoding(row)}"
+
+
+def _decoding(row: dict) -> str:
+    if row["family"] == "decoder_only":
+        return "one token a call"
+    if row["threshold"] is not None:
+        return f"threshold {row['threshold']:g}"
+    return f"{row['steps_per_block']} steps/block ({row['unmasking']})"
 
 
 def markdown(rows: list[dict], scorer: Path) -> str:
     lines = [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
-             "each); entropy is the mean unigram entropy of a sample in nats.", "",
-             "| model | block | steps / block | NFE | gen. PPL | entropy | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "each); NFE: model calls per sample; entropy: the mean unigram entropy of a sample, in nats.", "",
+             "| model | block | decoding | NFE | gen. PPL | entropy | tokens/s |",
+             "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         model = "AR" if r["family"] == "decoder_only" else "BD"
-        lines.append(f"| {model} | {r['block_size']} | {r['steps_per_block']} | {r['nfe']} | {r['gen_ppl']:.1f} | "
+        lines.append(f"| {model} | {r['block_size']} | {_decoding(r)} | {r['nfe']:.1f} | {r['gen_ppl']:.1f} | "
                      f"{r['entropy']:.2f} | {r['tokens_per_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -162,17 +175,21 @@ def plot(rows: list[dict], path: Path) -> Path:
     from attnlab.experiment.plots import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for checkpoint in dict.fromkeys(r["checkpoint"] for r in rows):
-        line = sorted((r for r in rows if r["checkpoint"] == checkpoint), key=lambda r: r["nfe"])
-        name = "AR" if line[0]["family"] == "decoder_only" else f"BD block {line[0]['block_size']}"
-        ax.plot([r["nfe"] for r in line], [r["gen_ppl"] for r in line], marker="o", label=name)
+        mine = [r for r in rows if r["checkpoint"] == checkpoint]
+        name = "AR" if mine[0]["family"] == "decoder_only" else f"BD block {mine[0]['block_size']}"
+        for adaptive, style in ((False, "-o"), (True, "--^")):
+            line = sorted((r for r in mine if (r["threshold"] is not None) == adaptive), key=lambda r: r["nfe"])
+            if line:
+                ax.plot([r["nfe"] for r in line], [r["gen_ppl"] for r in line], style,
+                        label=f"{name}{', threshold' if adaptive else ''}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"model calls (NFE) for {rows[0]['length']} tokens")
     ax.set_ylabel("generative perplexity (AR scorer)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -195,6 +212,8 @@ def sample_quality_main(argv: list[str]) -> int:
     parser.add_argument("--length", type=int, default=128, help="tokens per sample (default: 128)")
     parser.add_argument("--steps", default=DEFAULT_STEPS,
                         help=f"denoising steps per block to try for block diffusion, those a block allows (default: {DEFAULT_STEPS})")
+    parser.add_argument("--thresholds", default="",
+                        help="also decode block diffusion adaptively with these thresholds, e.g. 0.5,0.7,0.9 (default: none)")
     parser.add_argument("--temperature", type=float, default=1.0, help="default: 1.0 (0 = greedy)")
     parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling as BD3-LM samples (default: 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default: 0)")
@@ -210,6 +229,13 @@ def sample_quality_main(argv: list[str]) -> int:
         raise ConfigError(f"--steps {args.steps!r}: must be comma-separated integers, e.g. 1,2,4,8") from None
     for s in steps:
         _positive("--steps", s)
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--thresholds {args.thresholds!r}: must be comma-separated probabilities, e.g. 0.5,0.9") from None
+    for t in thresholds:
+        if not 0.0 <= t <= 1.0:
+            raise ConfigError(f"--thresholds: {t} is not a probability in [0, 1]")
     paths = [Path(p) for p in args.checkpoints]
     for path in [*paths, Path(args.scorer)]:
         if not path.is_file():
@@ -217,7 +243,8 @@ def sample_quality_main(argv: list[str]) -> int:
     check_run_root(args.output, "--output")
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    rows = evaluate(paths, Path(args.scorer), n=args.samples, length=args.length, steps=steps, sampling=sampling,
+    rows = evaluate(paths, Path(args.scorer), n=args.samples, length=args.length, steps=steps,
+                    thresholds=thresholds, sampling=sampling,
                     seed=args.seed, batch_size=args.batch_size, device=device,
                     log=lambda line: print(f"[sample-quality] {line}", flush=True))
     output = Path(args.output)
