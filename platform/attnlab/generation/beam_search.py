@@ -5,6 +5,8 @@ from typing import Callable
 
 import torch
 
+from attnlab.generation.loop import compaction_due
+
 
 def length_penalty(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
     """GNMT (Wu et al., 2016): ((5 + |Y|) / 6) ** alpha."""
@@ -21,6 +23,7 @@ def beam_search(
     eos_id: int,
     max_lengths: torch.Tensor,
     alpha: float = 0.6,
+    compact: bool = True,
 ) -> list[list[int]]:
     """Best hypothesis per source, without bos / eos.
 
@@ -28,7 +31,9 @@ def beam_search(
     `reorder(index)` method; `step(last_tokens (N, 1), state) -> log-probabilities (N, V)`
     advances it by one token. A finished beam (eos, or max_lengths tokens) keeps its score and only extends with eos.
     Beams are ranked by raw log-probability while searching and by score / length penalty
-    at the end. With beam_size 1 this is exactly greedy decoding.
+    at the end. With beam_size 1 this is exactly greedy decoding. `compact`: a source whose
+    beams have all finished leaves the batch and the state (see `compaction_due`); its
+    hypotheses can no longer change, so the outputs are the same.
     """
     device = max_lengths.device
     n, k = batch_size, beam_size
@@ -38,6 +43,8 @@ def beam_search(
     finished = torch.zeros(n * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(n * k, dtype=torch.long, device=device)
     row_max = max_lengths.repeat_interleave(k)
+    live = torch.arange(n, device=device)  # the original source of each source in the batch
+    best: dict[int, list[int]] = {}
     for t in range(int(max_lengths.max())):
         log_probs = step(tokens[:, -1:], state).float()
         vocab = log_probs.shape[-1]
@@ -57,9 +64,25 @@ def beam_search(
         finished = was_finished | (token == eos_id) | (lengths >= row_max)
         if bool(finished.all()):
             break
+        sources_done = finished.view(n, k).all(dim=1)
+        if compact and compaction_due(sources_done):
+            best.update(_best(tokens, scores, lengths, live, sources_done, k, alpha, eos_id))
+            keep = (~sources_done).nonzero().squeeze(1)
+            rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
+            state.reorder(rows)
+            tokens, finished, lengths, row_max = (x.index_select(0, rows) for x in (tokens, finished, lengths, row_max))
+            scores, live, n = scores.index_select(0, keep), live[keep], len(keep)
+    best.update(_best(tokens, scores, lengths, live, torch.ones(n, dtype=torch.bool, device=device), k, alpha, eos_id))
+    return [best[i] for i in range(batch_size)]
+
+
+def _best(tokens, scores, lengths, live, chosen, k: int, alpha: float, eos_id: int) -> dict[int, list[int]]:
+    """The best-scoring hypothesis (score / length penalty) of each chosen source, by original source."""
+    n = len(live)
     final = scores / length_penalty(lengths, alpha).view(n, k)
-    best = final.argmax(dim=-1) + torch.arange(n, device=device) * k
-    out = []
-    for row in tokens.index_select(0, best)[:, 1:].tolist():
-        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    winners = final.argmax(dim=-1) + torch.arange(n, device=final.device) * k
+    out = {}
+    for source, row, take in zip(live.tolist(), tokens.index_select(0, winners)[:, 1:].tolist(), chosen.tolist()):
+        if take:
+            out[source] = row[: row.index(eos_id)] if eos_id in row else row
     return out

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from attnlab.generation.loop import left_pad, row_budgets, strip_after_eos
+from attnlab.generation.loop import compaction_due, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random", "threshold")
@@ -82,9 +82,11 @@ def sample_blocks(
     unmasking: str = "confidence",
     threshold: float = 0.9,
     generator: torch.Generator | None = None,
+    compact: bool = True,
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
-    (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget."""
+    (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget.
+    `compact`: finished rows leave the batch (the same greedy outputs, less compute)."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
@@ -98,15 +100,21 @@ def sample_blocks(
 
     budgets = row_budgets(max_new_tokens, rows, device)
     done = budgets <= 0
-    blocks = []
-    for b in range((int(budgets.max()) + block_size - 1) // block_size if rows else 0):
-        empty = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
+    n_blocks = (int(budgets.max()) + block_size - 1) // block_size if rows else 0
+    out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
+    live = torch.arange(rows, device=device)  # the original row of each row in the batch
+    for b in range(n_blocks):
+        empty = torch.full((len(live), block_size), mask_id, dtype=torch.long, device=device)
         block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator, threshold)
-        to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
-        blocks.append(block)
-        done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets)
+        out[live, b * block_size : (b + 1) * block_size] = block
+        done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets[live])
         if bool(done.all()):
             break
-    if not blocks:
+        if compact and compaction_due(done):  # finished rows leave the batch and its caches
+            keep = (~done).nonzero().squeeze(1)
+            state.reorder(keep)
+            live, block, done = live[keep], block[keep], done[keep]
+        to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
+    if not n_blocks:
         return [[] for _ in prompts]
-    return strip_after_eos(torch.cat(blocks, dim=1), eos_id, budgets)
+    return strip_after_eos(out, eos_id, budgets)

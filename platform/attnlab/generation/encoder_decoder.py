@@ -36,17 +36,19 @@ def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):
 @torch.no_grad()
 def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
                      prefixes: list[list[int]] | None = None, sampling: SamplingConfig = SamplingConfig(),
-                     generator: torch.Generator | None = None, return_logits: bool = False):
-    """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,)."""
+                     generator: torch.Generator | None = None, return_logits: bool = False, compact: bool = True):
+    """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,);
+    `compact`: finished rows leave the batch (the same greedy outputs, less compute)."""
     state = model.start_state(encoded)
     first = _start(model, state, prefixes, bos_id, pad_id, len(max_lengths), encoded.memory.device)
     return token_loop(_next_logits(model, state), first, max_lengths, eos_id=eos_id, pad_id=pad_id,
-                      sampling=sampling, generator=generator, return_logits=return_logits)
+                      sampling=sampling, generator=generator, return_logits=return_logits,
+                      compact=state.reorder if compact else None)
 
 
 @torch.no_grad()
 def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
-                   alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0):
+                   alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True):
     n = encoded.memory.shape[0]
     if prefixes is None:
         state = model.start_state(encoded, repeat=beam_size)
@@ -61,4 +63,4 @@ def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eo
     def log_probs(last, st):
         return pending.pop() if pending else step(last[:, 0]).log_softmax(dim=-1)
 
-    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha)
+    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha, compact=compact)

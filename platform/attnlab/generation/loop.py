@@ -35,6 +35,13 @@ def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | Non
     return out
 
 
+def compaction_due(finished: torch.Tensor) -> bool:
+    """Drop finished rows once they are at least an eighth of the batch: each compaction copies
+    the caches, so it waits until there is compute to save."""
+    n = int(finished.sum())
+    return n > 0 and n >= max(1, len(finished) // 8)
+
+
 def token_loop(
     next_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     first_logits: torch.Tensor,
@@ -45,25 +52,39 @@ def token_loop(
     sampling: SamplingConfig,
     generator: torch.Generator | None = None,
     return_logits: bool = False,
+    compact: Callable[[torch.Tensor], None] | None = None,
 ):
     """Greedy / sampled decoding, one token per step, for any model with a cache.
 
-    `first_logits` (B, V) predict the first token; `next_logits(tokens (B,), valid (B,))` feeds the
-    chosen tokens back (a finished row gets pad, marked not valid) and returns the next (B, V).
-    Stops when every row has produced eos or used its budget; returns token lists without eos
-    (and the (B, steps, V) logits with `return_logits`).
+    `first_logits` (B, V) predict the first token; `next_logits(tokens (b,), valid (b,))` feeds the
+    chosen tokens of the rows still in the batch back (a finished row gets pad, marked not valid)
+    and returns their next (b, V). With `compact(index)` (the state's reorder), finished rows
+    leave the batch and its caches (see `compaction_due`), so they stop costing compute; greedy
+    outputs do not change. Stops when every row has produced eos or used its budget; returns
+    token lists without eos (and the (B, steps, V) logits with `return_logits`, never compacted).
     """
+    rows = len(budgets)
+    steps = int(budgets.max()) if rows else 0
+    out = torch.full((rows, steps), pad_id, dtype=torch.long, device=budgets.device)
+    live = torch.arange(rows, device=budgets.device)  # the original row of each row in the batch
     finished = budgets <= 0
-    chosen, all_logits = [], []
+    all_logits = []
     logits = first_logits
-    for step in range(int(budgets.max()) if len(budgets) else 0):
+    step = -1
+    for step in range(steps):
         all_logits.append(logits)
         token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        chosen.append(token)
+        out[live, step] = token
         valid = ~finished
-        finished = finished | (token == eos_id) | (step + 1 >= budgets)
+        finished = finished | (token == eos_id) | (step + 1 >= budgets[live])
         if bool(finished.all()):
             break
+        if compact is not None and not return_logits and compaction_due(finished):
+            keep = (~finished).nonzero().squeeze(1)
+            compact(keep)
+            live, token, valid, finished = live[keep], token[keep], valid[keep], finished[keep]
         logits = next_logits(token, valid)
-    out = strip_after_eos(torch.stack(chosen, dim=1), eos_id, budgets) if chosen else [[] for _ in range(len(budgets))]
-    return (out, torch.stack(all_logits, dim=1)) if return_logits else out
+    if not steps:
+        return ([[] for _ in range(rows)], None) if return_logits else [[] for _ in range(rows)]
+    result = strip_after_eos(out[:, : step + 1], eos_id, budgets)
+    return (result, torch.stack(all_logits, dim=1)) if return_logits else result
