@@ -51,6 +51,7 @@ class TextDataModule(TokenizedDataModule):
         if test_files is not None:
             self.files["test"] = list(test_files)
         self.seq_len, self.prompt_len = seq_len, prompt_len
+        self._hashes: dict[str, str] = {}
 
     def _prepare(self) -> None:
         """Train (or load) the tokenizer on the streamed train lines, then tokenize each split
@@ -64,7 +65,7 @@ class TextDataModule(TokenizedDataModule):
         tokenizer = self._trained_tokenizer(lambda: (line for line in self._lines(named["train"]) if line.strip()))
         chunks = {}
         for split, files in named.items():
-            path = token_file_path(self._cache_root(), tokenizer, sha256_files([p for _, p in files]))
+            path = token_file_path(self._cache_root(), tokenizer, self._files_hash(split))
             if not path.is_file():
                 write_token_file(path, self._lines(files), tokenizer)
             chunks[split] = TokenChunks(path, tokenizer, self.seq_len, self.prompt_len)
@@ -80,8 +81,14 @@ class TextDataModule(TokenizedDataModule):
         for arg, path in files:
             yield from iter_lines(path, arg)
 
+    def _files_hash(self, split: str) -> str:
+        """The split's files' hash, computed once (the train files' is also the tokenizer's key)."""
+        if split not in self._hashes:
+            self._hashes[split] = sha256_files(self.files[split])
+        return self._hashes[split]
+
     def _fingerprint(self) -> str:
-        return sha256_files(self.files["train"])
+        return self._files_hash("train")
 
 
 SPLIT_FILES = {"train": "train.txt", "val": "val.txt", "test": "test.txt"}

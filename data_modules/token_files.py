@@ -1,7 +1,7 @@
 """Token files: a plain-text split tokenized once into a flat array on disk, read back by chunk.
 
 The format is nanoGPT's `train.bin`: the token ids of the whole split, lines joined by eos, as
-little-endian uint16 (uint32 for vocabularies past 65,535) with nothing else in the file, so
+little-endian uint16 (uint32 for vocabularies of more than 65,536 pieces) with nothing else in the file, so
 `np.memmap(path, dtype)` or any other reader opens it. Writing streams the text in batches of
 lines and reading asks the OS for one chunk at a time (`os.pread`), so memory stays flat
 however large the corpus; the page cache, not the process, holds what was read. Files are
@@ -75,17 +75,17 @@ class TokenChunks:
     chunk i is the Example (first `prompt_len` tokens, the rest) with its decoded texts.
 
     A map-style dataset, so the samplers (shuffle by seed and epoch, exact resume, one share per
-    DDP rank) work on it unchanged; slicing gives a view (max_eval_examples). Pickles as its path,
-    so DataLoader workers open the file themselves.
+    DDP rank) work on it unchanged; slicing gives a view (max_eval_examples). Pickles without its
+    open file, so each DataLoader worker opens the file itself.
     """
 
     def __init__(self, path: Path, tokenizer: Tokenizer, seq_len: int, prompt_len: int = 0,
                  rows: range | None = None):
+        self._fd: tuple[int, int] | None = None  # (pid, descriptor): reopened in a forked worker
         self.path, self.tokenizer, self.seq_len, self.prompt_len = Path(path), tokenizer, seq_len, prompt_len
         self.dtype = token_dtype(tokenizer.vocab_size)
         self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
         self.rows = range(self.n_tokens // seq_len) if rows is None else rows
-        self._fd: tuple[int, int] | None = None  # (pid, descriptor): reopened in a forked worker
 
     def __len__(self) -> int:
         return len(self.rows)

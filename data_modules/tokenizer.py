@@ -164,11 +164,30 @@ def train_tokenizer(
     return tokenizer
 
 
+class _StreamedTexts:
+    """The training texts, remembering an error their stream raised: sentencepiece's C++ loop
+    turns it into its own multi-line RuntimeError, and the user should see the original line
+    (a bad byte in a streamed file, Ctrl-C)."""
+
+    def __init__(self, texts: Iterable[str]):
+        self.texts, self.error = texts, None
+
+    def __iter__(self):
+        try:
+            for text in self.texts:
+                if text:
+                    yield text
+        except BaseException as e:
+            self.error = e
+            raise
+
+
 def _train(texts: Iterable[str], vocab_size: int, model_type: str) -> bytes:
     model = io.BytesIO()
+    source = _StreamedTexts(texts)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=(t for t in texts if t),
+            sentence_iterator=iter(source),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -185,7 +204,11 @@ def _train(texts: Iterable[str], vocab_size: int, model_type: str) -> bytes:
             num_threads=max(1, min(16, os.cpu_count() or 1)),
             minloglevel=2,
         )
-    except RuntimeError as e:
+    except BaseException as e:
+        if source.error is not None:
+            raise source.error from None
+        if not isinstance(e, RuntimeError):
+            raise
         m = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
         if m:
             raise ConfigError(

@@ -584,6 +584,17 @@ def text_folder_without_val(env):
 
 
 @case
+def text_corpus_not_utf8_deep_in_the_file(env):
+    """Found while sentencepiece streams the file: the line still comes back as the one error."""
+    good = "one two three four five six seven eight nine ten\n" * 60
+    env.write("latin/train.txt", (good + "caf\xe9 au lait\n" + good).encode("latin-1"))
+    env.write("latin/val.txt", good)
+    folder = env.tmp / "latin"
+    return _folder_fit(env, folder), ["data.init_args.train_files[0]", str(folder / "train.txt"), "line 61",
+                                      "not valid UTF-8"]
+
+
+@case
 def text_corpus_empty(env):
     env.write("blank/train.txt", "\n   \n\n")
     env.write("blank/val.txt", "\n\n")

@@ -80,6 +80,16 @@ def test_compacted_autoregressive_generation_gives_the_same_tokens(name, reorder
     assert any(size < len(PROMPTS) * beams for size in reorders), "the batch never shrank"
 
 
+def test_sampling_keeps_every_row_so_seeded_samples_do_not_depend_on_batch_mates(reorders):
+    torch.manual_seed(0)
+    decoder = DecoderOnlyModel(CFG, vocab_size=40).eval()
+    from attnlab.generation.sampling import SamplingConfig
+
+    generate(decoder, PROMPTS, max_new_tokens=BUDGETS, eos_id=7, pad_id=0, sampling=SamplingConfig(temperature=1.0),
+             generator=torch.Generator().manual_seed(0))
+    assert reorders == []
+
+
 @pytest.mark.parametrize("unmasking,threshold", [("confidence", 0.9), ("threshold", 0.5)])
 def test_compacted_block_diffusion_gives_the_same_tokens(unmasking, threshold, reorders):
     torch.manual_seed(0)

@@ -232,6 +232,11 @@ def test_threshold_zero_decodes_a_block_in_one_call_and_counts_match_a_hand_coun
     counted, calls = _counting(lambda x: logits)
     denoise_block(empty, counted, 4, 3, greedy, "threshold", threshold=1.0)
     assert len(calls) == 4
+    saturated = torch.tensor([[[40.0, 0.0, 0.0, 0.0]] * 4])  # float32 rounds p to exactly 1.0
+    assert float(saturated.log_softmax(-1).max()) == 0.0
+    counted, calls = _counting(lambda x: saturated)
+    denoise_block(empty, counted, 4, 3, greedy, "threshold", threshold=1.0)
+    assert len(calls) == 4  # tau = 1 is still one token a call
 
 
 def test_a_block_diffusion_model_with_threshold_zero_makes_one_call_a_block():

@@ -225,8 +225,11 @@ def test_an_unfinished_point_of_a_sweep_is_left_out_of_the_report_and_said(tmp_p
         (test / "metrics.csv").write_text("test/nll\n4.4\n")
         if done:
             (fit.parent / "done.json").write_text(json.dumps({"point": point, "seed": 0, "index": 0}))
+    plain = tmp_path / "plain_runs" / "20261201-120000"  # an ordinary fit beside the sweep stays
+    plain.mkdir(parents=True)
+    (plain / "metrics.csv").write_text("step,train/loss\n0,5.0\n")
     records = collect_runs(tmp_path)
-    assert [(r.name, r.seed) for r in records] == [("ar", 0)]
+    assert [(r.name, r.seed) for r in records] == [("ar", 0), ("plain_runs/20261201-120000", None)]
     assert records[0].evaluations["test"]["test/nll"] == 4.4
     err = capsys.readouterr().err
     assert "skipped" in err and str(tmp_path / "bd" / "seed0" / "fit") in err

@@ -119,11 +119,11 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
     for folder in fits:
         fits_by_parent.setdefault(folder.parent, []).append(folder)
     records: dict[Path, RunRecord] = {}
-    in_sweep = any(p.name == "done.json" for p in root.rglob("done.json"))
     for folder in folders:
         done_file = folder.parent / "done.json"
         done = json.loads(done_file.read_text()) if done_file.is_file() else {}
-        if in_sweep and not done and folder in fits:  # a sweep writes done.json last: this point is unfinished
+        # A sweep point trains in <point>/[seedK/]fit and writes done.json beside it last.
+        if folder.name == "fit" and not done and folder in fits:
             print(f"report: skipped {folder} (unfinished: no done.json yet; rerun the sweep to finish it)",
                   file=sys.stderr)
             continue

@@ -161,7 +161,8 @@ def _decoding(row: dict) -> str:
 
 def markdown(rows: list[dict], scorer: Path) -> str:
     lines = [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
-             "each); NFE: model calls per sample; entropy: the mean unigram entropy of a sample, in nats.", "",
+             "each); NFE: model calls per batch of samples (threshold decoding: a block takes the calls its "
+             "hardest row needs); entropy: the mean unigram entropy of a sample, in nats.", "",
              "| model | block | decoding | NFE | gen. PPL | entropy | tokens/s |",
              "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:

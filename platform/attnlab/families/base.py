@@ -132,16 +132,18 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         if self.backbone.positional != "learned":
             return
         limit = self.backbone.max_positions
-        for split in datamodule.splits:
-            for source, target in sorted(datamodule.example_lengths(split)):
-                need = self.positions_needed(source, target)
-                if need > limit:
-                    raise ConfigError(
-                        f"a {split} example needs {need} positions (source {source} and "
-                        f"target {target} tokens, plus generation) but the learned table has "
-                        f"backbone.max_positions={limit}: raise backbone.max_positions to at least {need}, "
-                        "lower generation.max_new_tokens, or use another positional encoding"
-                    )
+        needs = [(self.positions_needed(source, target), split, source, target)
+                 for split in datamodule.splits for source, target in datamodule.example_lengths(split)]
+        if not needs:
+            return
+        need, split, source, target = max(needs)  # the most any example needs, so the fix suggested suffices
+        if need > limit:
+            raise ConfigError(
+                f"a {split} example needs {need} positions (source {source} and "
+                f"target {target} tokens, plus generation) but the learned table has "
+                f"backbone.max_positions={limit}: raise backbone.max_positions to at least {need}, "
+                "lower generation.max_new_tokens, or use another positional encoding"
+            )
 
     def compile_stacks(self) -> None:
         """With `compile`, torch.compile every transformer stack, once, in place (at `setup`, not

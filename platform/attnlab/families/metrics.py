@@ -12,9 +12,11 @@ from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
 # The keys every family logs per split: likelihoods (lower is better) and, when it generates,
-# generation scores and speed (higher is better). Checkpoint selection, sweeps and reports read these.
+# generation scores and speed (higher is better) and its cost in model calls (lower is better).
+# Checkpoint selection, sweeps and reports read these.
 LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
 GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s", "nfe_per_token")
+LOWER_IS_BETTER = LIKELIHOOD_METRICS + ("nfe_per_token",)
 
 
 def exact(prediction: str, reference: str) -> bool:
@@ -138,7 +140,8 @@ class EvalMetrics(nn.Module):
             out[f"{prefix}/gen_tokens_per_s"] = float(self.gen_tokens.compute()) / max(
                 float(self.gen_seconds.compute()), 1e-9
             )
-            out[f"{prefix}/nfe_per_token"] = float(self.gen_calls.compute()) / max(float(self.gen_positions.compute()), 1.0)
+            if float(self.gen_positions.compute()) > 0:  # calls were counted (not by every caller)
+                out[f"{prefix}/nfe_per_token"] = float(self.gen_calls.compute()) / float(self.gen_positions.compute())
         return out
 
     def reset(self) -> None:

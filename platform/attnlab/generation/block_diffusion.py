@@ -62,7 +62,8 @@ def _denoise_by_threshold(block, logits_of, mask_id: int, sampling: SamplingConf
             return block
         proposal, score = propose(logits_of(block), sampling, "threshold", generator)
         score = score.masked_fill(~masked, float("-inf"))
-        reveal = masked & (score >= floor)
+        # tau = 1 is one token a call even where float32 rounds a probability to exactly 1
+        reveal = masked & (score >= floor) if threshold < 1 else torch.zeros_like(masked)
         best = score.argmax(dim=1, keepdim=True)
         reveal = reveal.scatter(1, best, masked.gather(1, best))  # progress on every row still masked
         block = torch.where(reveal, proposal, block)
@@ -86,7 +87,7 @@ def sample_blocks(
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
     (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget.
-    `compact`: finished rows leave the batch (the same greedy outputs, less compute)."""
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
@@ -100,7 +101,8 @@ def sample_blocks(
 
     budgets = row_budgets(max_new_tokens, rows, device)
     done = budgets <= 0
-    n_blocks = (int(budgets.max()) + block_size - 1) // block_size if rows else 0
+    n_blocks = max(int(budgets.max()) + block_size - 1, 0) // block_size if rows else 0
+    deterministic = sampling.temperature == 0.0 and unmasking != "random"  # see token_loop on sampling
     out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch
     for b in range(n_blocks):
@@ -110,7 +112,7 @@ def sample_blocks(
         done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets[live])
         if bool(done.all()):
             break
-        if compact and compaction_due(done):  # finished rows leave the batch and its caches
+        if compact and deterministic and compaction_due(done):  # finished rows leave the batch and its caches
             keep = (~done).nonzero().squeeze(1)
             state.reorder(keep)
             live, block, done = live[keep], block[keep], done[keep]

@@ -23,7 +23,7 @@ def generate(
 ):
     """Continue each prompt until eos or its budget (`max_new_tokens`: one int, or one per row);
     returns token lists without eos (and the (B, steps, V) logits with `return_logits`).
-    `compact`: finished rows leave the batch (the same greedy outputs, less compute)."""
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
     device = next(model.parameters()).device
     tokens, valid = left_pad(prompts, pad_id, device)
     state = model.new_state(len(prompts), device)

@@ -38,7 +38,7 @@ def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, 
                      prefixes: list[list[int]] | None = None, sampling: SamplingConfig = SamplingConfig(),
                      generator: torch.Generator | None = None, return_logits: bool = False, compact: bool = True):
     """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,);
-    `compact`: finished rows leave the batch (the same greedy outputs, less compute)."""
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
     state = model.start_state(encoded)
     first = _start(model, state, prefixes, bos_id, pad_id, len(max_lengths), encoded.memory.device)
     return token_loop(_next_logits(model, state), first, max_lengths, eos_id=eos_id, pad_id=pad_id,

@@ -58,13 +58,14 @@ def token_loop(
 
     `first_logits` (B, V) predict the first token; `next_logits(tokens (b,), valid (b,))` feeds the
     chosen tokens of the rows still in the batch back (a finished row gets pad, marked not valid)
-    and returns their next (b, V). With `compact(index)` (the state's reorder), finished rows
-    leave the batch and its caches (see `compaction_due`), so they stop costing compute; greedy
-    outputs do not change. Stops when every row has produced eos or used its budget; returns
+    and returns their next (b, V). With `compact(index)` (the state's reorder), finished rows of a
+    greedy decoding leave the batch and its caches (see `compaction_due`), so they stop costing
+    compute; its outputs do not change. (Sampling keeps every row: the random draws of a smaller
+    batch would differ, and seeded samples would depend on which rows ended first.) Stops when every row has produced eos or used its budget; returns
     token lists without eos (and the (B, steps, V) logits with `return_logits`, never compacted).
     """
     rows = len(budgets)
-    steps = int(budgets.max()) if rows else 0
+    steps = max(int(budgets.max()), 0) if rows else 0
     out = torch.full((rows, steps), pad_id, dtype=torch.long, device=budgets.device)
     live = torch.arange(rows, device=budgets.device)  # the original row of each row in the batch
     finished = budgets <= 0
@@ -79,7 +80,7 @@ def token_loop(
         finished = finished | (token == eos_id) | (step + 1 >= budgets[live])
         if bool(finished.all()):
             break
-        if compact is not None and not return_logits and compaction_due(finished):
+        if compact is not None and not return_logits and sampling.temperature == 0.0 and compaction_due(finished):
             keep = (~finished).nonzero().squeeze(1)
             compact(keep)
             live, token, valid, finished = live[keep], token[keep], valid[keep], finished[keep]

@@ -55,12 +55,13 @@ class RunOptions:
 
     @property
     def mode(self) -> str:
-        """min or max for `monitor`: higher is better for the generation scores."""
+        """min or max for `monitor`: higher is better for the generation scores and speed."""
         if self.monitor_mode:
             return self.monitor_mode
-        from attnlab.families.metrics import GENERATION_METRICS
+        from attnlab.families.metrics import GENERATION_METRICS, LOWER_IS_BETTER
 
-        return "max" if self.monitor.rsplit("/", 1)[-1] in GENERATION_METRICS else "min"
+        name = self.monitor.rsplit("/", 1)[-1]
+        return "max" if name in GENERATION_METRICS and name not in LOWER_IS_BETTER else "min"
 
 
 def wandb_credentials_present() -> bool:
