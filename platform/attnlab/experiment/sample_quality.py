@@ -173,24 +173,38 @@ def markdown(rows: list[dict], scorer: Path) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> Path:
+    """Generative perplexity and sample entropy against model calls, one line per checkpoint
+    (threshold decoding dashed); AR is a star: it has one point, one call a token."""
     from attnlab.experiment.plots import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, (quality, entropy) = plt.subplots(1, 2, figsize=(11, 4.2))
     for checkpoint in dict.fromkeys(r["checkpoint"] for r in rows):
         mine = [r for r in rows if r["checkpoint"] == checkpoint]
-        name = "AR" if mine[0]["family"] == "decoder_only" else f"BD block {mine[0]['block_size']}"
+        first = mine[0]
+        if first["family"] == "decoder_only":
+            name, styles = "AR", (("*", "black"),)
+        else:
+            name = f"BD block {first['block_size']}" + (" (MDLM)" if first["block_size"] >= first["length"] else "")
+            styles = None
         for adaptive, style in ((False, "-o"), (True, "--^")):
             line = sorted((r for r in mine if (r["threshold"] is not None) == adaptive), key=lambda r: r["nfe"])
-            if line:
-                ax.plot([r["nfe"] for r in line], [r["gen_ppl"] for r in line], style,
-                        label=f"{name}{', threshold' if adaptive else ''}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(f"model calls (NFE) for {rows[0]['length']} tokens")
-    ax.set_ylabel("generative perplexity (AR scorer)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+            if not line:
+                continue
+            label = f"{name}{', threshold' if adaptive else ''}"
+            for ax, key in ((quality, "gen_ppl"), (entropy, "entropy")):
+                xs, ys = [r["nfe"] for r in line], [r[key] for r in line]
+                if styles:
+                    ax.plot(xs, ys, styles[0][0], color=styles[0][1], markersize=14, label=label, zorder=5)
+                else:
+                    ax.plot(xs, ys, style, label=label)
+    for ax, ylabel in ((quality, "generative perplexity (AR scorer, log)"), (entropy, "unigram entropy of a sample (nats)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"model calls (NFE) for {rows[0]['length']} tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    quality.set_yscale("log")
+    entropy.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
