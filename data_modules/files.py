@@ -6,13 +6,14 @@ file, the config argument it came from, the line, and the fix.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from attnlab.errors import DataError
 
@@ -76,15 +77,22 @@ def sha256_files(paths: list[str | Path]) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write through a temp file and os.replace, so a crash or a second process never sees half a file."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` (os.replace) only when the block ends without error, so a
+    crash or a second process never sees half a file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from data_modules.batch import Example, SpecialIds
+from data_modules.files import atomic_open
 from data_modules.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -36,26 +36,25 @@ def token_file_path(cache_dir: Path, tokenizer: Tokenizer, data_key: str) -> Pat
     return cache_dir / "tokens" / f"{key}.{token_dtype(tokenizer.vocab_size).name}.bin"
 
 
+def join_lines(encoded: Iterable[list[int]], after_text: bool = False) -> list[int]:
+    """Encoded lines as one stream with eos between them (and before the first, `after_text`:
+    the stream continues earlier lines), as the model reads plain text."""
+    eos, stream = SpecialIds().eos, []
+    for ids in encoded:
+        if stream or after_text:
+            stream.append(eos)
+        stream.extend(ids)
+    return stream
+
+
 def write_token_file(path: Path, lines: Iterable[str], tokenizer: Tokenizer) -> int:
     """Tokenize the non-blank `lines` into `path` (eos between lines), atomically; the token count."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    dtype, eos = token_dtype(tokenizer.vocab_size), SpecialIds().eos
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    written = 0
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for batch in _batches(line for line in lines if line.strip()):
-                stream: list[int] = []
-                for ids in tokenizer.encode_batch(batch):
-                    if written or stream:
-                        stream.append(eos)
-                    stream.extend(ids)
-                np.asarray(stream, dtype=dtype).tofile(f)
-                written += len(stream)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    dtype, written = token_dtype(tokenizer.vocab_size), 0
+    with atomic_open(path) as f:
+        for batch in _batches(line for line in lines if line.strip()):
+            stream = join_lines(tokenizer.encode_batch(batch), after_text=written > 0)
+            np.asarray(stream, dtype=dtype).tofile(f)
+            written += len(stream)
     return written
 
 

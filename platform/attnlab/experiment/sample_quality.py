@@ -20,6 +20,7 @@ import torch
 
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.generation.model_calls import CallCounter
+from data_modules.batch import pad_sequences
 
 DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
 DEFAULT_STEPS = "1,2,4,8,16,32,64,128"
@@ -41,13 +42,10 @@ def sample_nll(scorer, samples: list[list[int]], bos_id: int, pad_id: int, batch
         rows = [[bos_id] + s for s in samples[start : start + batch_size] if s]
         if not rows:
             continue
-        width = max(map(len, rows))
-        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
-        for i, row in enumerate(rows):
-            tokens[i, : len(row)] = torch.tensor(row, device=device)
+        tokens, lengths = (t.to(device) for t in pad_sequences(rows, pad_id))
         logits = scorer(tokens[:, :-1])  # right padding: causal attention keeps it out of every real position
         targets = tokens[:, 1:]
-        real = torch.arange(width - 1, device=device)[None, :] < torch.tensor([len(r) - 1 for r in rows], device=device)[:, None]
+        real = torch.arange(tokens.shape[1] - 1, device=device)[None, :] < (lengths - 1)[:, None]
         nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
         total += float(nll[real].sum())
         count += int(real.sum())
@@ -82,16 +80,10 @@ def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) ->
     decoded text re-encoded (lines joined by eos, as the training text was)."""
     if scorer_tokenizer.model_proto == source_tokenizer.model_proto:
         return samples
-    from data_modules.batch import SpecialIds
-    from data_modules.token_files import chunk_text
+    from data_modules.token_files import chunk_text, join_lines
 
-    eos, out = SpecialIds().eos, []
-    for sample in samples:
-        ids: list[int] = []
-        for line in scorer_tokenizer.encode_batch(chunk_text(sample, source_tokenizer).split("\n")):
-            ids += ([eos] if ids else []) + line
-        out.append(ids)
-    return out
+    return [join_lines(scorer_tokenizer.encode_batch(chunk_text(sample, source_tokenizer).split("\n")))
+            for sample in samples]
 
 
 def decodings(module, steps: list[int], thresholds: list[float]) -> list[dict]:
