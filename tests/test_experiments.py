@@ -150,11 +150,11 @@ def test_no_two_shipped_sweeps_share_a_run_folder():
 def test_sweep_points_parse_as_experiments(path, tmp_path):
     """Every grid point's overrides name real config keys with values of the right type
     (parsed by the CLI, not instantiated: no data or training needed)."""
-    from attnlab.experiment.spec import as_cli_args, load_sweep
+    from attnlab.experiment.spec import as_cli_args, evaluation_checkpoint, load_sweep
 
     spec = load_sweep(path)
     for point in spec.grid_points():
-        for overrides in [{}, *spec.evaluate.values()]:
+        for overrides in [{}, *(evaluation_checkpoint(e)[1] for e in spec.evaluations_for(point).values())]:
             args = [*[a for c in point.configs for a in ("--config", str(c))], *as_cli_args(point.overrides),
                     *as_cli_args(overrides), "--run.root", str(tmp_path)]
             config = _parse_only(args)  # raises on an unknown key or a bad value

@@ -27,7 +27,7 @@ def quality_metric(records, name: str) -> str | None:
     return None
 
 
-def _half_width(summary: Summary | None) -> float:
+def half_width(summary: Summary | None) -> float:
     return 0.0 if summary is None or summary.low is None else (summary.high - summary.low) / 2
 
 
@@ -43,23 +43,23 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
         for p in with_params:
             quality = summarize([r.metric(key) for r in p.records])
             x = p.first.summary["params"]
-            ax.errorbar(x, quality.mean, yerr=_half_width(quality), fmt="o", capsize=3)
+            ax.errorbar(x, quality.mean, yerr=half_width(quality), fmt="o", capsize=3)
             ax.annotate(p.name, (x, quality.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel("parameters")
         ax.set_ylabel(key + (" (mean, 95% interval over seeds)" if any(len(p.records) > 1 for p in points) else ""))
         ax.set_title(f"{key} against parameters")
-        written.append(_save(fig, output / "quality_vs_params.png", plt))
+        written.append(save_figure(fig, output / "quality_vs_params.png", plt))
 
     speeds = [("training tokens/s", lambda r: r.train_tokens_per_s()), ("generation tokens/s", lambda r: r.gen_tokens_per_s())]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.4 * len(points) + 1.5))
     for ax, (label, value) in zip(axes, speeds):
         summaries = [summarize([value(r) for r in p.records]) for p in points]
         ax.barh([p.name for p in points], [s.mean if s else 0.0 for s in summaries],
-                xerr=[_half_width(s) for s in summaries], capsize=3)
+                xerr=[half_width(s) for s in summaries], capsize=3)
         ax.set_xlabel(label)
         ax.invert_yaxis()
     axes[1].set_yticklabels([])
-    written.append(_save(fig, output / "throughput.png", plt))
+    written.append(save_figure(fig, output / "throughput.png", plt))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key in zip(axes, ("train/loss", "val/nll")):
@@ -74,7 +74,7 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
             summaries = [summarize(by_step[s]) for s in steps]
             means = [s.mean for s in summaries]
             if key.startswith("val"):  # a few evaluations: points with error bars
-                ax.errorbar(steps, means, yerr=[_half_width(s) for s in summaries], label=p.name, marker=".", capsize=3)
+                ax.errorbar(steps, means, yerr=[half_width(s) for s in summaries], label=p.name, marker=".", capsize=3)
                 continue
             line, = ax.plot(steps, means, label=p.name)
             if any(s.low is not None for s in summaries):  # the 95 % band over seeds
@@ -84,11 +84,11 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
         ax.set_ylabel(key)
         ax.set_yscale("log")
     axes[0].legend(fontsize=7)
-    written.append(_save(fig, output / "curves.png", plt))
+    written.append(save_figure(fig, output / "curves.png", plt))
     return written
 
 
-def _save(fig, path: Path, plt) -> Path:
+def save_figure(fig, path: Path, plt) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -95,7 +95,8 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
     for name in QUALITY:
         if any(r.final(f"val/{name}") is not None for r in records):
             columns.append(Column(f"val {name}", lambda r, n=name: r.final(f"val/{n}"), _quality_fmt(name), numeric=True))
-    evaluations = list(dict.fromkeys(e for r in records for e in r.evaluations))
+    # A frontier's evaluations (one per decoding and batch size) get their own section.
+    evaluations = list(dict.fromkeys(e for r in records for e in r.evaluations if e not in r.frontier))
     evaluations.sort(key=lambda e: e != "test")
     for evaluation in evaluations:
         for name in QUALITY:
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_main(argv: list[str]) -> int:
+    from attnlab.experiment.frontier import write_frontier
     from attnlab.experiment.plots import write_plots
 
     args = build_parser().parse_args(argv)
@@ -245,9 +247,11 @@ def report_main(argv: list[str]) -> int:
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
     plots = write_plots(points, output, args.metric)
+    frontier, frontier_plots = write_frontier(points, output, args.metric)
+    plots += frontier_plots
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
             "the seeds of a row (n).", "", table, "", *words, "",
-            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, ""]
+            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *frontier]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
     rows = report_rows(points, columns)
@@ -255,6 +259,8 @@ def report_main(argv: list[str]) -> int:
     print(table)
     if words:
         print("\n" + "\n".join(words))
+    if frontier:
+        print("\n" + "\n".join(frontier))
     print(f"\nreport: {output / 'report.md'} ({len(plots)} plots)")
     if args.wandb != "disabled":
         from attnlab.experiment.wandb_report import log_report

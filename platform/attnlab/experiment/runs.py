@@ -31,6 +31,8 @@ class RunRecord:
     order: int = 0  # the point's place in its sweep file, so tables follow the file
     seed: int | None = None  # the sweep seed (None: a run without seeds)
     evaluation_dirs: dict[str, Path] = field(default_factory=dict)
+    frontier: dict[str, dict] = field(default_factory=dict)  # evaluation -> {decoding, batch_size} (done.json)
+    frontier_reference: str | None = None  # <point>/<decoding> the frontier compares with
     _examples: dict = field(default_factory=dict, repr=False)  # evaluation -> records, read once
 
     def final(self, key: str) -> float | None:
@@ -131,7 +133,8 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
         if folder in fits or len(siblings) != 1:
             name = done.get("point") or str(folder.relative_to(root))
             record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
-                               seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"))
+                               seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"),
+                               frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"))
             summary = folder / "summary.json"
             if summary.is_file():
                 record.summary = json.loads(summary.read_text())

@@ -24,8 +24,10 @@ class ColumnTest:
     skipped: dict[str, str] = field(default_factory=dict)  # row -> why it was not tested
 
 
-def _pooled(point, evaluation: str, seeds: list) -> list[dict] | None:
+def _pooled(point, evaluation: str | dict[str, str], seeds: list) -> list[dict] | None:
     """The examples of `seeds` (in that order) concatenated, or None if a seed saved none."""
+    if isinstance(evaluation, dict):
+        evaluation = evaluation[point.name]
     by_seed = {r.seed: r for r in point.records}
     pooled = []
     for seed in seeds:
@@ -36,11 +38,13 @@ def _pooled(point, evaluation: str, seeds: list) -> list[dict] | None:
     return pooled
 
 
-def test_column(points, evaluation: str, metric: str, means: dict[str, float], higher_is_better: bool) -> ColumnTest:
-    """Test every row of `points` against the best mean of `metric` in `evaluation`."""
-    if not means:
+def test_column(points, evaluation: str | dict[str, str], metric: str, means: dict[str, float], higher_is_better: bool,
+                reference: str | None = None) -> ColumnTest:
+    """Test every row of `points` against the best mean of `metric` in `evaluation` (one name, or
+    one per row), or against the row named `reference` (which then stands in the `best` field)."""
+    if not means or (reference is not None and reference not in means):
         return ColumnTest(None)
-    best_name = (max if higher_is_better else min)(means, key=means.get)
+    best_name = reference or (max if higher_is_better else min)(means, key=means.get)
     best = next(p for p in points if p.name == best_name)
     out = ColumnTest(best_name)
     # sacreBLEU tests many systems against one baseline: one call per set of shared seeds, so

@@ -10,6 +10,16 @@
       test: {}                         # the best by run.monitor (default val/nll)
       len2x: {data.init_args.eval_length_factor: 2}
       avg: {checkpoint: averaged}      # best, last or averaged (CheckpointAveraging's averaged.ckpt)
+      b1: {points: [decoder_only], data.init_args.eval_batch_size: 1}  # only for these grid points
+    frontier:                          # speed against quality: each decoding at each batch size
+      batch_sizes: [1, 16, 256]
+      decodings:                       # grid point -> decoding name -> its test overrides
+        decoder_only: {greedy: {}}
+        block_diffusion: {"tau=0.9": {model.init_args.unmasking: threshold, model.init_args.threshold: 0.9}}
+      reference: decoder_only/greedy   # what the others are compared with (default: the first listed)
+
+A frontier becomes one evaluate entry per (decoding, batch size), named `<decoding>@b<batch>` and
+run only for its point; with a frontier and no `evaluate:`, nothing else is tested.
 
 Paths in `base` are relative to the sweep file. Every mistake names the field and the fix,
 before any run starts.
@@ -26,7 +36,9 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "fixed", "evaluate", "name", "seeds"}
+KNOWN_KEYS = {"base", "grid", "fixed", "evaluate", "frontier", "name", "seeds"}
+ENTRY_KEYS = ("checkpoint", "points")  # keys of an evaluate entry that are not config overrides
+EVAL_BATCH = "data.init_args.eval_batch_size"
 CHECKPOINTS = ("best", "last", "averaged")  # what an evaluate entry's `checkpoint` may name
 
 
@@ -48,6 +60,32 @@ class SweepPoint:
 
 
 @dataclass
+class Frontier:
+    """Decodings to time at several batch sizes; `evaluations` maps each generated evaluate entry
+    to (decoding, batch size), which done.json keeps for the report."""
+
+    batch_sizes: list[int]
+    decodings: dict[str, dict[str, dict[str, Any]]]
+    reference: str  # <point>/<decoding>
+    evaluations: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """One evaluate entry per decoding and batch size; a decoding name shared by two points
+        with the same overrides is one entry for both."""
+        out: dict[str, dict[str, Any]] = {}
+        for point, decodings in self.decodings.items():
+            for decoding, overrides in decodings.items():
+                for batch in self.batch_sizes:
+                    name = f"{decoding}@b{batch}"
+                    entry = {**overrides, EVAL_BATCH: batch}
+                    if name in out and {k: v for k, v in out[name].items() if k != "points"} != entry:
+                        raise ValueError(decoding)
+                    out.setdefault(name, {**entry, "points": []})["points"].append(point)
+                    self.evaluations[name] = (decoding, batch)
+        return out
+
+
+@dataclass
 class SweepSpec:
     path: Path
     name: str
@@ -56,6 +94,12 @@ class SweepSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, dict[str, Any]] = field(default_factory=lambda: {"test": {}})
     seeds: list[int] | None = None
+    frontier: Frontier | None = None
+
+    def evaluations_for(self, point: SweepPoint) -> dict[str, dict[str, Any]]:
+        """The evaluate entries that run for `point` (an entry with `points:` only for those)."""
+        return {name: entry for name, entry in self.evaluate.items()
+                if "points" not in entry or point.name in entry["points"]}
 
     def grid_points(self) -> list[SweepPoint]:
         """One point per base and grid combination, without seeds."""
@@ -112,22 +156,82 @@ def load_sweep(path: str | Path) -> SweepSpec:
             raise ConfigError(f"{path}: grid.{key} must be a non-empty list of values, e.g. [1, 2, 4]")
     if not grid and len(base_paths) < 2:
         raise ConfigError(f"{path}: the grid is empty and there is one base, so there is nothing to sweep")
-    evaluate = raw.get("evaluate", {"test": {}})
-    evaluate = _mapping(evaluate, path, "evaluate")
-    for name, overrides in evaluate.items():
-        _mapping(overrides, path, f"evaluate.{name}")
-        if name == "fit" or "/" in name or name.startswith("seed"):
-            raise ConfigError(f"{path}: evaluate.{name}: pick another name (not 'fit', no '/', not starting with 'seed')")
-        checkpoint = (overrides or {}).get("checkpoint", "best")
-        if checkpoint not in CHECKPOINTS:
-            raise ConfigError(f"{path}: evaluate.{name}.checkpoint={checkpoint!r} must be one of {', '.join(CHECKPOINTS)}")
+    evaluate = raw.get("evaluate", {} if "frontier" in raw else {"test": {}})
+    evaluate = {k: dict(_mapping(v, path, f"evaluate.{k}")) for k, v in _mapping(evaluate, path, "evaluate").items()}
     seeds = check_seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
     spec = SweepSpec(path, str(raw.get("name") or name_under_experiments(path)), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
-                     {k: dict(v or {}) for k, v in evaluate.items()}, seeds)
+                     evaluate, seeds)
     names = [p.name for p in spec.grid_points()]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: two grid points get the same folder name; give the bases different file names")
+    if "frontier" in raw:
+        spec.frontier = _frontier(raw["frontier"], path, names)
+        for name, entry in spec.frontier.entries().items():
+            if name in evaluate:
+                raise ConfigError(f"{path}: evaluate.{name} is also a frontier evaluation; rename one of them")
+            evaluate[name] = entry
+        untested = [p for p in names if not any("points" not in e or p in e["points"] for e in evaluate.values())]
+        if untested:
+            raise ConfigError(f"{path}: grid point(s) {', '.join(untested)} would train and never be tested: "
+                              "list decodings for them under frontier.decodings, or add an `evaluate:` entry")
+    for name, overrides in evaluate.items():
+        if name == "fit" or "/" in name or name.startswith("seed"):
+            raise ConfigError(f"{path}: evaluate.{name}: pick another name (not 'fit', no '/', not starting with 'seed')")
+        checkpoint = overrides.get("checkpoint", "best")
+        if checkpoint not in CHECKPOINTS:
+            raise ConfigError(f"{path}: evaluate.{name}.checkpoint={checkpoint!r} must be one of {', '.join(CHECKPOINTS)}")
+        if "points" in overrides:
+            _point_names(overrides["points"], path, f"evaluate.{name}.points", names)
     return spec
+
+
+def _point_names(value, path: Path, where: str, names: list[str]) -> list[str]:
+    if not isinstance(value, list) or not value or any(v not in names for v in value):
+        raise ConfigError(f"{path}: {where} must be a non-empty list of grid points ({', '.join(names)}); got {value!r}")
+    return value
+
+
+def _frontier(raw, path: Path, names: list[str]) -> Frontier:
+    """Check a `frontier:` block (see the module docstring) and make it a Frontier."""
+    raw = _mapping(raw, path, "frontier", of="batch_sizes, decodings and reference")
+    unknown = set(raw) - {"batch_sizes", "decodings", "reference"}
+    if unknown:
+        raise ConfigError(f"{path}: frontier has unknown key(s) {', '.join(sorted(unknown))}; "
+                          "it has batch_sizes, decodings and reference")
+    batches = raw.get("batch_sizes")
+    if not isinstance(batches, list) or not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                                           for b in batches) or len(set(batches)) != len(batches):
+        raise ConfigError(f"{path}: frontier.batch_sizes must be a list of distinct positive integers, e.g. [1, 16, 256]")
+    decodings = _mapping(raw.get("decodings"), path, "frontier.decodings", of="grid points to their decodings")
+    if not decodings or any(point not in names for point in decodings):
+        raise ConfigError(f"{path}: frontier.decodings must map grid points ({', '.join(names)}) to their decodings, "
+                          f"e.g. {{{names[0]}: {{greedy: {{}}}}}}; got {', '.join(map(str, decodings)) or 'none'}")
+    for point, by_name in decodings.items():
+        by_name = _mapping(by_name, path, f"frontier.decodings.{point}", of="decoding names to test-time overrides")
+        if not by_name:
+            raise ConfigError(f"{path}: frontier.decodings.{point} names no decoding; give at least one, e.g. greedy: {{}}")
+        for decoding, overrides in by_name.items():
+            if not isinstance(decoding, str) or not decoding or any(c in decoding for c in "/@,") or decoding.startswith("seed"):
+                raise ConfigError(f"{path}: frontier.decodings.{point}.{decoding}: a decoding name has no '/', '@' "
+                                  "or ',' and does not start with 'seed'")
+            overrides = _mapping(overrides, path, f"frontier.decodings.{point}.{decoding}")
+            if EVAL_BATCH in overrides or "points" in overrides:
+                raise ConfigError(f"{path}: frontier.decodings.{point}.{decoding} sets {EVAL_BATCH if EVAL_BATCH in overrides else 'points'}, "
+                                  "which the frontier sets itself (batch_sizes; the point it is listed under)")
+            by_name[decoding] = dict(overrides)
+        decodings[point] = by_name
+    first = next(iter(decodings))
+    reference = raw.get("reference", f"{first}/{next(iter(decodings[first]))}")
+    point, _, decoding = str(reference).rpartition("/")  # a point's name may hold '/', a decoding's not
+    if decoding not in decodings.get(point, {}):
+        raise ConfigError(f"{path}: frontier.reference={reference!r} must be <point>/<decoding> of a listed decoding, "
+                          f"e.g. {first}/{next(iter(decodings[first]))}")
+    frontier = Frontier(list(batches), decodings, str(reference))
+    try:
+        frontier.entries()
+    except ValueError as err:
+        raise ConfigError(f"{path}: frontier decoding {err} differs between two points; give them different names") from None
+    return frontier
 
 
 def check_seeds(value, where: str) -> list[int]:
@@ -142,15 +246,15 @@ def check_seeds(value, where: str) -> list[int]:
 
 def evaluation_checkpoint(overrides: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(which checkpoint an evaluate entry tests, its config overrides without that key)."""
-    rest = {k: v for k, v in overrides.items() if k != "checkpoint"}
+    rest = {k: v for k, v in overrides.items() if k not in ENTRY_KEYS}
     return overrides.get("checkpoint", "best"), rest
 
 
-def _mapping(value, path: Path, field_name: str) -> dict:
+def _mapping(value, path: Path, field_name: str, of: str = "dotted config keys to values") -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{path}: `{field_name}` must be a mapping of dotted config keys to values")
+        raise ConfigError(f"{path}: `{field_name}` must be a mapping of {of}")
     return value
 
 

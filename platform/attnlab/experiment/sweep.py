@@ -8,6 +8,7 @@ rerun can tell what is done:
 
     runs/<sweep>/<point>[/seed<k>]/fit/        metrics.csv, config.yaml, summary.json, checkpoints/
     runs/<sweep>/<point>[/seed<k>]/test/       the evaluation (one folder per entry), examples.jsonl
+                                               (a frontier's: <decoding>@b<batch>/)
     runs/<sweep>/<point>[/seed<k>]/done.json   written last; a rerun skips runs that have it, resumes
                                                a fit that left a last.ckpt, sets other unfinished runs aside
 """
@@ -64,7 +65,7 @@ def point_commands(spec: SweepSpec, point: SweepPoint, root: str, passthrough: l
     common = configs + as_cli_args(point.overrides) + seed + passthrough
     run = ["--run.root", root, "--run.name", f"{spec.name}/{point.folder}", "--run.group", spec.name]
     commands = {"fit": ["fit", *common, *run, "--run.version", "fit"]}
-    for name, entry in spec.evaluate.items():
+    for name, entry in spec.evaluations_for(point).items():
         _, overrides = evaluation_checkpoint(entry)
         commands[name] = ["test", *common, *as_cli_args(overrides), *run, "--run.version", name]
     return commands
@@ -172,6 +173,11 @@ class SweepRunner:
         swept = {key: point.overrides[key] for key in self.spec.grid}
         done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
                 "swept": swept, "overrides": point.overrides, "seconds": seconds}
+        if self.spec.frontier is not None:  # what the report's frontier section reads
+            done["frontier"] = {name: {"decoding": decoding, "batch_size": batch}
+                                for name, (decoding, batch) in self.spec.frontier.evaluations.items()
+                                if name in seconds and point.name in self.spec.evaluate[name]["points"]}
+            done["frontier_reference"] = self.spec.frontier.reference
         (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
         return True
 

@@ -1,0 +1,225 @@
+"""The report's frontier: generation speed against quality, one line per batch size.
+
+A sweep's `frontier:` tests each decoding of each point at several eval batch sizes (evaluations
+named `<decoding>@b<batch>`; done.json says which is which). Here each decoding is a row: its
+test quality (from its largest batch), and at every
+batch size the model calls per generated token (threshold decoding calls until every row's
+block is clean, so larger batches call more) and tokens/s with its ratio to the
+reference decoding's, measured in the same sweep on the same machine. Quality is tested against
+the reference, paired on seeds and test examples (significance.test_column); a speed difference
+is called one only where the rows' intervals over seeds are apart.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.experiment.runs import RunRecord
+from attnlab.experiment.significance import ColumnTest, test_column
+from attnlab.experiment.stats import ALPHA, Summary, summarize
+
+QUALITY = {"exact_match": "exact match", "chrf": "chrF", "bleu": "BLEU"}
+
+
+@dataclass
+class Row:
+    """One decoding of one grid point, over its seeds."""
+
+    point: str
+    decoding: str
+    records: list[RunRecord] = field(default_factory=list)
+    evaluations: dict[int, str] = field(default_factory=dict)  # batch size -> evaluation name
+
+    @property
+    def name(self) -> str:
+        return f"{self.point} {self.decoding}"
+
+    @property
+    def seeds(self) -> list:
+        return [r.seed for r in self.records]
+
+    @property
+    def quality_evaluation(self) -> str:
+        return self.evaluations[max(self.evaluations)]
+
+    def summary(self, key: str, batch: int | None = None) -> Summary | None:
+        evaluation = self.quality_evaluation if batch is None else self.evaluations.get(batch)
+        return summarize([r.evaluations.get(evaluation, {}).get(key) for r in self.records])
+
+
+def frontier_rows(points) -> tuple[list[Row], str | None]:
+    """The rows of every point whose runs have frontier evaluations, and the reference row's name."""
+    rows: dict[tuple[str, str], Row] = {}
+    reference = None
+    for point in points:
+        for record in point.records:
+            for evaluation, meta in record.frontier.items():
+                if evaluation not in record.evaluations:
+                    continue
+                row = rows.setdefault((point.name, meta["decoding"]), Row(point.name, meta["decoding"]))
+                if record not in row.records:
+                    row.records.append(record)
+                row.evaluations[int(meta["batch_size"])] = evaluation
+            reference = reference or record.frontier_reference
+    if reference:
+        point, _, decoding = reference.rpartition("/")
+        reference = f"{point} {decoding}"
+    return list(rows.values()), reference
+
+
+def batch_sizes(rows: list[Row]) -> list[int]:
+    return sorted({b for row in rows for b in row.evaluations})
+
+
+def quality_tests(rows: list[Row], reference: str | None) -> dict[str, ColumnTest]:
+    """metric -> the test of every row's quality against the reference row's (paired on seeds and examples)."""
+    out = {}
+    for metric in QUALITY:
+        means = {row.name: s.mean for row in rows if (s := row.summary(f"test/{metric}")) is not None}
+        if reference in means:
+            out[metric] = test_column(rows, {row.name: row.quality_evaluation for row in rows}, metric, means,
+                                      higher_is_better=True, reference=reference)
+    return out
+
+
+def _p(tests: dict[str, ColumnTest], metric: str, row: str) -> float | None:
+    return tests[metric].p_values.get(row) if metric in tests else None
+
+
+def _apart(a: Summary | None, b: Summary | None) -> bool:
+    return bool(a and b and a.low is not None and b.low is not None and (a.low > b.high or b.low > a.high))
+
+
+def _speed(summary: Summary | None) -> str:
+    if summary is None:
+        return "—"
+    return f"{summary.mean:,.0f}" + (f" ± {summary.std:,.0f}" if summary.n > 1 else "")
+
+
+def frontier_table(rows: list[Row], reference: str | None, tests: dict) -> str:
+    batches = batch_sizes(rows)
+    metrics = [m for m in QUALITY if any(row.summary(f"test/{m}") for row in rows)]
+    headers = ["decoding", "n", *(f"test {QUALITY[m]}" for m in metrics)]
+    headers += [h for b in batches for h in (f"calls/token b{b}", f"tok/s b{b}", f"× ref b{b}")]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    by_name = {row.name: row for row in rows}
+    for row in rows:
+        quality = [row.summary(f"test/{m}") for m in metrics]
+        cells = [row.name + (" (reference)" if row.name == reference else ""),
+                 str(max((s.n for s in quality if s), default=0))]  # the seeds that have a score
+        for metric, s in zip(metrics, quality):
+            p = _p(tests, metric, row.name)
+            cells.append("—" if s is None else f"{s.mean:.2f}" + (f" ± {s.std:.2f}" if s.n > 1 else "")
+                         + (" *" if p is not None and p < ALPHA else ""))
+        for batch in batches:
+            calls = row.summary("test/nfe_per_token", batch)
+            mine = row.summary("test/gen_tokens_per_s", batch)
+            theirs = by_name[reference].summary("test/gen_tokens_per_s", batch) if reference in by_name else None
+            cells += ["—" if calls is None else f"{calls.mean:.2f}", _speed(mine),
+                      "—" if mine is None or theirs is None else f"{mine.mean / theirs.mean:.2f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def frontier_text(rows: list[Row], reference: str | None, tests: dict) -> list[str]:
+    """Per batch size, which rows are faster than the reference (and whether the seed intervals
+    say so); per metric, which rows' quality differs from the reference's."""
+    by_name = {row.name: row for row in rows}
+    if reference not in by_name:
+        return [f"The reference {reference} has no finished runs: no speed ratios and no quality tests."]
+    ref = by_name[reference]
+    lines = [f"Against {reference}, timed in the same sweep. `*`: quality significantly different from the "
+             f"reference at p < {ALPHA} (paired on seeds and test examples). A speed gap counts as one when the "
+             "95 % intervals over seeds are apart."]
+    for batch in batch_sizes(rows):
+        theirs = ref.summary("test/gen_tokens_per_s", batch)
+        faster, unsure, single = [], [], []
+        for row in rows:
+            mine = row.summary("test/gen_tokens_per_s", batch)
+            if row is ref or mine is None or theirs is None or mine.mean <= theirs.mean:
+                continue
+            kind = faster if _apart(mine, theirs) else single if min(mine.n, theirs.n) < 2 else unsure
+            kind.append(f"{row.name} ({mine.mean / theirs.mean:.2f}×)")
+        parts = [f"- batch {batch}: faster than the reference: {', '.join(faster) or 'none'}"]
+        if unsure:
+            parts.append(f"faster in the mean, intervals not apart: {', '.join(unsure)}")
+        if single:
+            parts.append(f"faster in one timed run (one seed: no interval): {', '.join(single)}")
+        lines.append("; ".join(parts) + ".")
+    for metric, test in tests.items():
+        worse = [f"{n} (p = {p:.3g})" for n, p in test.p_values.items() if p is not None and p < ALPHA]
+        same = [n for n, p in test.p_values.items() if p is not None and p >= ALPHA]
+        skipped = [f"{n} ({why})" for n, why in test.skipped.items()]
+        lines.append(f"- test {QUALITY[metric]}: different from the reference: {', '.join(worse) or 'none'}"
+                     + (f"; not significantly different: {', '.join(same)}" if same else "")
+                     + (f"; not tested: {', '.join(skipped)}" if skipped else "") + ".")
+    return lines
+
+
+def frontier_json(rows: list[Row], reference: str | None, tests: dict) -> list[dict]:
+    out = []
+    for row in rows:
+        entry: dict = {"row": row.name, "point": row.point, "decoding": row.decoding, "seeds": row.seeds,
+                       "reference": row.name == reference}
+        for metric in QUALITY:
+            if (s := row.summary(f"test/{metric}")) is not None:
+                entry[f"test/{metric}"] = {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high],
+                                           "p_vs_reference": _p(tests, metric, row.name)}
+        for key in ("gen_tokens_per_s", "nfe_per_token"):  # per batch size
+            entry[key] = {str(b): {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high]}
+                          for b in sorted(row.evaluations) if (s := row.summary(f"test/{key}", b))}
+        out.append(entry)
+    return out
+
+
+def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
+    """Quality against tokens/s (log), a colour per batch size; each point's decodings joined by a
+    line (sorted by speed), a marker per point, error bars of 95 % over seeds."""
+    from attnlab.experiment.plots import half_width, pyplot, save_figure
+
+    key = next((f"test/{m}" for m in (metric, *QUALITY) if m in QUALITY and any(r.summary(f"test/{m}") for r in rows)), None)
+    if key is None:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "*osD^v"
+    points = list(dict.fromkeys(row.point for row in rows))
+    for i, batch in enumerate(batch_sizes(rows)):
+        colour = colours[i % len(colours)]
+        for j, point in enumerate(points):
+            xy = []
+            for row in rows:
+                speed, quality = row.summary("test/gen_tokens_per_s", batch), row.summary(key)
+                if row.point == point and speed and quality:
+                    xy.append((speed, quality, row.decoding))
+            xy.sort(key=lambda t: t[0].mean)
+            if not xy:
+                continue
+            ax.errorbar([s.mean for s, _, _ in xy], [q.mean for _, q, _ in xy],
+                        xerr=[half_width(s) for s, _, _ in xy], yerr=[half_width(q) for _, q, _ in xy],
+                        color=colour, marker=markers[j % len(markers)], markersize=9 if j == 0 else 5, capsize=2,
+                        label=f"batch {batch}" if j == 0 else None)
+            for s, q, decoding in xy:
+                ax.annotate(decoding, (s.mean, q.mean), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("generated tokens/s (test split, log scale)")
+    ax.set_ylabel(f"{key} (mean, 95% interval over seeds)")
+    ax.set_title("speed against quality: " + ", ".join(f"{markers[j % len(markers)]} {p}" for j, p in enumerate(points)),
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    return save_figure(fig, output / "frontier.png", plt)
+
+
+def write_frontier(points, output: Path, metric: str) -> tuple[list[str], list[Path]]:
+    """The report's frontier section (markdown lines) and its plot; nothing without frontier runs."""
+    rows, reference = frontier_rows(points)
+    if not rows:
+        return [], []
+    tests = quality_tests(rows, reference)
+    (output / "frontier.json").write_text(json.dumps(frontier_json(rows, reference, tests), indent=1) + "\n")
+    plot = frontier_plot(rows, output, metric)
+    lines = ["## Speed against quality (frontier)", "", frontier_table(rows, reference, tests), "",
+             *frontier_text(rows, reference, tests), ""]
+    return lines, [plot] if plot else []
