@@ -182,7 +182,7 @@ def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
     if key is None:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "*osD^v"
     points = list(dict.fromkeys(row.point for row in rows))
@@ -197,12 +197,16 @@ def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
             xy.sort(key=lambda t: t[0].mean)
             if not xy:
                 continue
-            ax.errorbar([s.mean for s, _, _ in xy], [q.mean for _, q, _ in xy],
-                        xerr=[half_width(s) for s, _, _ in xy], yerr=[half_width(q) for _, q, _ in xy],
-                        color=colour, marker=markers[j % len(markers)], markersize=9 if j == 0 else 5, capsize=2,
-                        label=f"batch {batch}" if j == 0 else None)
-            for s, q, decoding in xy:
-                ax.annotate(decoding, (s.mean, q.mean), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            bars = ax.errorbar([s.mean for s, _, _ in xy], [q.mean for _, q, _ in xy],
+                               xerr=[half_width(s) for s, _, _ in xy], yerr=[half_width(q) for _, q, _ in xy],
+                               color=colour, marker=markers[j % len(markers)], markersize=9 if j == 0 else 5,
+                               capsize=2, elinewidth=0.7, label=f"batch {batch}" if j == 0 else None)
+            for line in bars[2]:  # the interval bars: faint, so the means stay readable
+                line.set_alpha(0.35)
+            for k, (s, q, decoding) in enumerate(xy):  # names once (the first batch), alternating sides
+                if i == 0:
+                    ax.annotate(decoding, (s.mean, q.mean), fontsize=7, xytext=(4, 6 if k % 2 else -10),
+                                textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("generated tokens/s (test split, log scale)")
     ax.set_ylabel(f"{key} (mean, 95% interval over seeds)")
