@@ -17,6 +17,7 @@
 # Usage: scripts/multi30k_from_ar.sh [K] [DATA_DIR] [scratch]   (defaults: K=7, ../shared/data/multi30k)
 # Steps already done (a fit folder with summary.json, a test folder with metrics.csv) are skipped.
 set -euo pipefail
+python -c "import attnlab, torch" 2> /dev/null || { echo "error: this python cannot import attnlab and torch: activate the virtual environment (. .venv/bin/activate) and run from the repository root" >&2; exit 2; }
 K=${1:-7}
 DATA=${2:-../shared/data/multi30k}
 ROOT=runs/multi30k
