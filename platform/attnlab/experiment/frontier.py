@@ -58,7 +58,7 @@ def frontier_rows(points) -> tuple[list[Row], str | None]:
                 if evaluation not in record.evaluations:
                     continue
                 row = rows.setdefault((point.name, meta["decoding"]), Row(point.name, meta["decoding"]))
-                if record not in row.records:
+                if not any(r is record for r in row.records):
                     row.records.append(record)
                 row.evaluations[int(meta["batch_size"])] = evaluation
             reference = reference or record.frontier_reference
@@ -203,8 +203,8 @@ def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
                                capsize=2, elinewidth=0.7, label=f"batch {batch}" if j == 0 else None)
             for line in bars[2]:  # the interval bars: faint, so the means stay readable
                 line.set_alpha(0.35)
-            for k, (s, q, decoding) in enumerate(xy):  # names once (the first batch), alternating sides
-                if i == 0:
+            if i == 0:  # names once (the first batch), alternating sides
+                for k, (s, q, decoding) in enumerate(xy):
                     ax.annotate(decoding, (s.mean, q.mean), fontsize=7, xytext=(4, 6 if k % 2 else -10),
                                 textcoords="offset points")
     ax.set_xscale("log")

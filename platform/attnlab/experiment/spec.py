@@ -61,28 +61,13 @@ class SweepPoint:
 
 @dataclass
 class Frontier:
-    """Decodings to time at several batch sizes; `evaluations` maps each generated evaluate entry
-    to (decoding, batch size), which done.json keeps for the report."""
+    """Decodings to time at several batch sizes, as the evaluate entries they become (`entries`,
+    each with its `points`) and what each entry is (`evaluations`: name -> (decoding, batch size),
+    which done.json keeps for the report)."""
 
-    batch_sizes: list[int]
-    decodings: dict[str, dict[str, dict[str, Any]]]
     reference: str  # <point>/<decoding>
-    evaluations: dict[str, tuple[str, int]] = field(default_factory=dict)
-
-    def entries(self) -> dict[str, dict[str, Any]]:
-        """One evaluate entry per decoding and batch size; a decoding name shared by two points
-        with the same overrides is one entry for both."""
-        out: dict[str, dict[str, Any]] = {}
-        for point, decodings in self.decodings.items():
-            for decoding, overrides in decodings.items():
-                for batch in self.batch_sizes:
-                    name = f"{decoding}@b{batch}"
-                    entry = {**overrides, EVAL_BATCH: batch}
-                    if name in out and {k: v for k, v in out[name].items() if k != "points"} != entry:
-                        raise ValueError(decoding)
-                    out.setdefault(name, {**entry, "points": []})["points"].append(point)
-                    self.evaluations[name] = (decoding, batch)
-        return out
+    entries: dict[str, dict[str, Any]]
+    evaluations: dict[str, tuple[str, int]]
 
 
 @dataclass
@@ -166,11 +151,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError(f"{path}: two grid points get the same folder name; give the bases different file names")
     if "frontier" in raw:
         spec.frontier = _frontier(raw["frontier"], path, names)
-        for name, entry in spec.frontier.entries().items():
+        for name, entry in spec.frontier.entries.items():
             if name in evaluate:
                 raise ConfigError(f"{path}: evaluate.{name} is also a frontier evaluation; rename one of them")
             evaluate[name] = entry
-        untested = [p for p in names if not any("points" not in e or p in e["points"] for e in evaluate.values())]
+        untested = [p.name for p in spec.grid_points() if not spec.evaluations_for(p)]
         if untested:
             raise ConfigError(f"{path}: grid point(s) {', '.join(untested)} would train and never be tested: "
                               "list decodings for them under frontier.decodings, or add an `evaluate:` entry")
@@ -226,12 +211,20 @@ def _frontier(raw, path: Path, names: list[str]) -> Frontier:
     if decoding not in decodings.get(point, {}):
         raise ConfigError(f"{path}: frontier.reference={reference!r} must be <point>/<decoding> of a listed decoding, "
                           f"e.g. {first}/{next(iter(decodings[first]))}")
-    frontier = Frontier(list(batches), decodings, str(reference))
-    try:
-        frontier.entries()
-    except ValueError as err:
-        raise ConfigError(f"{path}: frontier decoding {err} differs between two points; give them different names") from None
-    return frontier
+    # One entry per decoding and batch size; a decoding name two points share with the same
+    # overrides is one entry for both.
+    entries: dict[str, dict[str, Any]] = {}
+    evaluations: dict[str, tuple[str, int]] = {}
+    for point, by_name in decodings.items():
+        for decoding, overrides in by_name.items():
+            for batch in batches:
+                name, entry = f"{decoding}@b{batch}", {**overrides, EVAL_BATCH: batch}
+                if name in entries and {k: v for k, v in entries[name].items() if k != "points"} != entry:
+                    raise ConfigError(f"{path}: frontier decoding {decoding} differs between two points; "
+                                      "give them different names")
+                entries.setdefault(name, {**entry, "points": []})["points"].append(point)
+                evaluations[name] = (decoding, batch)
+    return Frontier(str(reference), entries, evaluations)
 
 
 def check_seeds(value, where: str) -> list[int]:

@@ -176,7 +176,7 @@ class SweepRunner:
         if self.spec.frontier is not None:  # what the report's frontier section reads
             done["frontier"] = {name: {"decoding": decoding, "batch_size": batch}
                                 for name, (decoding, batch) in self.spec.frontier.evaluations.items()
-                                if name in seconds and point.name in self.spec.evaluate[name]["points"]}
+                                if name in seconds}  # the ones this point ran
             done["frontier_reference"] = self.spec.frontier.reference
         (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
         return True
