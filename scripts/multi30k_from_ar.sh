@@ -12,6 +12,8 @@
 #      earlier row), the converted model with 4 steps per block of 4 and with threshold decoding.
 #   4. With `scratch` as third argument: BlockDiffusion from scratch (experiments/multi30k/block_diffusion.yaml)
 #      for the same budget B, tested the same way.
+#   5. The table (scripts/multi30k_table.py): every evaluation with sacreBLEU's paired bootstrap
+#      against DecoderOnly greedy.
 #
 # Run it from the repository root with the virtual environment active.
 # Usage: scripts/multi30k_from_ar.sh [K] [DATA_DIR] [scratch]   (defaults: K=7, ../shared/data/multi30k)
@@ -94,13 +96,4 @@ if [ "${3:-}" = scratch ]; then
   SCRATCH_CKPT=$(best "$SCRATCH")
   evaluate_bd experiments/multi30k/block_diffusion.yaml "$SCRATCH_CKPT" "$SCRATCH" budget
 fi
-python3 - "$ROOT" <<'EOF'
-import csv, sys
-from pathlib import Path
-for metrics in sorted(Path(sys.argv[1]).glob("*/*@b*/metrics.csv")):
-    row = {}
-    for r in csv.DictReader(metrics.open()):
-        row.update({k: v for k, v in r.items() if v})
-    keys = ("test/bleu", "test/chrf", "test/gen_tokens_per_s", "test/nfe_per_token")
-    print(metrics.parent.relative_to(sys.argv[1]), *(f"{k[5:]}={float(row[k]):.2f}" for k in keys if k in row))
-EOF
+python scripts/multi30k_table.py "$ROOT" "decoder_only/$AR_VERSION-greedy@b64"

@@ -125,6 +125,19 @@ def test_two_identical_systems_are_not_significantly_different(tmp_path):
     assert "no row significantly different" in text
 
 
+def test_a_system_with_the_baselines_outputs_gets_p_one_beside_others():
+    """sacreBLEU alone would answer 1 / 1001 for it; a different system in the same call keeps its
+    own p, the one it gets when tested alone."""
+    from attnlab.experiment.stats import sacrebleu_paired_p
+
+    baseline, other = _corrupt(REFERENCES, 0.2, seed=3), _corrupt(REFERENCES, 0.7, seed=4)
+    for metric in ("bleu", "chrf"):
+        alone = sacrebleu_paired_p(metric, REFERENCES, baseline, {"other": other})["other"]
+        mixed = sacrebleu_paired_p(metric, REFERENCES, baseline, {"same": list(baseline), "other": other})
+        assert mixed == {"same": 1.0, "other": alone}, metric
+        assert alone < 0.05, metric
+
+
 def test_two_clearly_different_systems_are(tmp_path):
     root = tmp_path / "runs" / "apart"
     for seed in (0, 1, 2):

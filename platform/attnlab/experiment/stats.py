@@ -59,18 +59,24 @@ def paired_permutation_p(a: list[float], b: list[float]) -> float:
 def sacrebleu_paired_p(metric: str, references: list[str], baseline: list[str],
                        systems: dict[str, list[str]]) -> dict[str, float]:
     """{system: p} from sacreBLEU's paired bootstrap resampling of `metric` (bleu: BLEU with its 13a
-    tokenizer; chrf: chrF with character n-grams only, the metrics attnlab logs) against `baseline`."""
+    tokenizer; chrf: chrF with character n-grams only, the metrics attnlab logs) against `baseline`.
+
+    A system with the baseline's very outputs gets p = 1: there is no difference at all, while
+    sacreBLEU's bootstrap counts resampled differences strictly above the observed 0 and would
+    answer 1 / 1001."""
     import os
 
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
-    if not systems:
-        return {}
-    os.environ.setdefault("SACREBLEU_SEED", str(SEED))
-    scorer = {"bleu": BLEU, "chrf": CHRF}[metric]()
-    named = [("baseline", baseline), *systems.items()]
-    test = PairedTest(named, {metric: scorer}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES)
-    _, scores = test()
-    (column,) = [k for k in scores if k != "System"]
-    return {name: float(scores[column][i].p_value) for i, name in enumerate(systems, start=1)}
+    p = {name: 1.0 for name, outputs in systems.items() if list(outputs) == list(baseline)}
+    differ = {name: outputs for name, outputs in systems.items() if name not in p}
+    if differ:
+        os.environ.setdefault("SACREBLEU_SEED", str(SEED))
+        scorer = {"bleu": BLEU, "chrf": CHRF}[metric]()
+        named = [("baseline", baseline), *differ.items()]
+        test = PairedTest(named, {metric: scorer}, [references], test_type="bs", n_samples=BOOTSTRAP_SAMPLES)
+        _, scores = test()
+        (column,) = [k for k in scores if k != "System"]
+        p.update({name: float(scores[column][i].p_value) for i, name in enumerate(differ, start=1)})
+    return {name: p[name] for name in systems}
