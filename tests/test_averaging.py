@@ -42,3 +42,51 @@ def test_callback_and_cli_verb_average_the_last_epochs(tmp_path, cli):
     torch.testing.assert_close(from_cli, averaged["state_dict"][key])
     again = cli("average", *paths, "--output", out)  # never overwrite what the user has
     assert again.code == 2 and "exists" in again.err
+
+
+def _tiny_fit(tmp_path, max_steps, averaging, checkpoint):
+    data = NumberWordsDataModule(n_train=64, n_val=16, n_test=16, vocab_size=300, batch_size=16,
+                                 cache_dir=str(tmp_path / "cache"))
+    model = EncoderDecoder(backbone=dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, dropout=0.0),
+                           vocab_size=data.vocab_size, eval_every_n_epochs=0)
+    trainer = L.Trainer(max_steps=max_steps, callbacks=[checkpoint, averaging], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
+    trainer.fit(model, data)
+    return torch.load(tmp_path / "ckpt" / "averaged.ckpt", weights_only=True)["state_dict"]
+
+
+def test_averaging_by_update_count_averages_the_last_multiples_of_n_steps(tmp_path):
+    """10 steps (4 an epoch, so the snapshots cross epoch ends), a snapshot every 3 steps, the last 2:
+    the average is the mean of the weights after steps 6 and 9, not of step 10's or an epoch end's."""
+    every_step = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=1, filename="{step}")
+    averaged = _tiny_fit(tmp_path, 10, CheckpointAveraging(last_k=2, every_n_steps=3), every_step)
+    steps = {s: torch.load(tmp_path / "ckpt" / f"step={s}.ckpt", weights_only=True)["state_dict"] for s in (6, 9, 10)}
+    for key, value in averaged.items():
+        if torch.is_floating_point(value):
+            torch.testing.assert_close(value, (steps[6][key] + steps[9][key]) / 2, msg=key)
+    key = "model.decoder.layers.0.ffn.inner.up.weight"
+    assert not torch.allclose(averaged[key], (steps[9][key] + steps[10][key]) / 2)
+    # On disk: the window (6, 9), and 3, which the checkpoint of step 8, saved before 9 came, names.
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "averaging").iterdir()) == ["step=3.pt", "step=6.pt", "step=9.pt"]
+
+
+def test_a_snapshot_the_last_saved_checkpoint_names_stays_on_disk(tmp_path):
+    """Snapshots every step, last 2, a checkpoint every 4 steps: after step 10 the window is (9, 10),
+    and the checkpoint of step 8 names (7, 8), which a resume from it needs: those four stay."""
+    every_4 = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=4, filename="{step}",
+                              save_on_train_epoch_end=False)
+    _tiny_fit(tmp_path, 10, CheckpointAveraging(last_k=2, every_n_steps=1), every_4)
+    state = torch.load(tmp_path / "ckpt" / "step=8.ckpt", weights_only=True)["callbacks"]
+    assert [v for k, v in state.items() if k.startswith("CheckpointAveraging")] == [{"steps": [7, 8]}]
+    names = sorted(p.name for p in (tmp_path / "ckpt" / "averaging").iterdir())
+    assert names == ["step=10.pt", "step=7.pt", "step=8.pt", "step=9.pt"]
+
+
+def test_bad_averaging_settings_are_refused():
+    import pytest
+
+    from attnlab.errors import AttnlabError
+
+    for kwargs in ({"last_k": 0}, {"every_n_steps": 0}, {"every_n_steps": 2.5}, {"last_k": True}):
+        with pytest.raises(AttnlabError, match="CheckpointAveraging"):
+            CheckpointAveraging(**kwargs)

@@ -110,6 +110,37 @@ def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(t
     _assert_same_run(run_dir, uninterrupted)
 
 
+AVERAGING = {  # epoch ends (both epochs: the first before the kill), and every 2 steps, the last 4
+    "epochs": ["--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2"],
+    "steps": ["--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "4",
+              "--trainer.callbacks.every_n_steps", "2", "--run.checkpoint_every_n_steps", "4"],
+}
+
+
+@pytest.mark.parametrize("mode,kill_at", [("epochs", 9), ("steps", 15)])
+def test_a_killed_run_resumed_averages_the_same_checkpoints(tmp_path, mode, kill_at):
+    """Killed at step 15 with last.ckpt at step 12 (window 6, 8, 10, 12; snapshot 14 written after
+    it), resumed: averaged.ckpt is the uninterrupted run's (window 10, 12, 14, 16), as with epochs."""
+    full_root, cut_root = tmp_path / "full", tmp_path / "cut"
+    cut_root.mkdir()
+    full = run_process(_args(full_root, "full", *AVERAGING[mode]), cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    args = _args(cut_root, "cut", *AVERAGING[mode])
+    killed = _run_killed(args, cut_root, kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run_process(args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming " in resumed.stdout
+    want, got = (torch.load(root / "debug" / version / "checkpoints" / "averaged.ckpt", map_location="cpu",
+                            weights_only=True)["state_dict"] for root, version in ((full_root, "full"), (cut_root, "cut")))
+    last = torch.load(full_root / "debug" / "full" / "checkpoints" / "last.ckpt", map_location="cpu",
+                      weights_only=True)["state_dict"]
+    assert any(not torch.equal(want[k], last[k]) for k in want)  # an average, not the last weights
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6, msg=name)
+
+
 def _text_args(root, version, corpus):
     """The resume run on streamed plain text (token files read by chunk), 8 batches an epoch."""
     return _args(root, version, "--data", "data_modules.TextFolderDataModule", "--data.init_args.data_dir", corpus,

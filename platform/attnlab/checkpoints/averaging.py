@@ -1,7 +1,6 @@
 """Checkpoint averaging (the paper averages the last 5 / 20 checkpoints): a callback and a function."""
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
 import lightning as L
@@ -56,49 +55,117 @@ def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
 
 
 class CheckpointAveraging(L.Callback):
-    """Keep the weights of the last `last_k` epochs in memory; at the end of fit write
-    `averaged.ckpt` (their mean) next to the other checkpoints."""
+    """At the end of fit write `averaged.ckpt`, the mean of the weights at the last `last_k`
+    epoch ends, or, with `every_n_steps`, at the last `last_k` multiples of that many optimizer
+    steps (the small-model recipes average by update count).
 
-    def __init__(self, last_k: int = 5):
-        if last_k < 1:
-            raise AttnlabError(f"CheckpointAveraging last_k={last_k} must be >= 1")
-        self.last_k = last_k
-        self.snapshots: deque = deque(maxlen=last_k)
+    The snapshots are files (`checkpoints/averaging/step=N.pt`, weights only), and the list of the
+    current window is this callback's state in every checkpoint, so a run killed and resumed from
+    last.ckpt averages the same snapshots as an uninterrupted one; in memory they would be lost with
+    the process. A snapshot leaves the disk only when neither the window nor the one the last saved
+    checkpoint holds names it (a resume may go back to that one); the window stays after fit, so a
+    finished run resumed to train longer still averages its last snapshots."""
+
+    FOLDER = "averaging"
+
+    def __init__(self, last_k: int = 5, every_n_steps: int | None = None):
+        if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
+            raise AttnlabError(f"CheckpointAveraging last_k={last_k!r} must be an integer >= 1")
+        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
+                                          or every_n_steps < 1):
+            raise AttnlabError(f"CheckpointAveraging every_n_steps={every_n_steps!r} must be an integer >= 1, "
+                               "or null to average the last epochs")
+        self.last_k, self.every_n_steps = last_k, every_n_steps
+        self.steps: list[int] = []  # the window: the global steps of the snapshots to average, oldest first
+        self._saved: list[int] = []  # the window as the last written checkpoint holds it
         self.path: Path | None = None
+
+    @property
+    def state_key(self) -> str:
+        return f"CheckpointAveraging{{'last_k': {self.last_k}, 'every_n_steps': {self.every_n_steps}}}"
+
+    def state_dict(self) -> dict:
+        self._saved = list(self.steps)
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.steps = [int(s) for s in state_dict.get("steps", [])]
+        self._saved = list(self.steps)
 
     def on_fit_start(self, trainer, pl_module):
         if _fully_sharded(trainer) and _state_dict_type(trainer.strategy) != "full":
             raise AttnlabError("CheckpointAveraging under FSDP needs single-file checkpoints: "
                                "set the strategy's state_dict_type to full")
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step not in self.steps:
+            self._snapshot(trainer, pl_module)  # (step not yet in: gradient accumulation repeats a step)
+
     def on_train_epoch_end(self, trainer, pl_module):
+        if not self.every_n_steps:
+            self._snapshot(trainer, pl_module)
+
+    def _folder(self, trainer) -> Path | None:
+        dirpath = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else None
+        return Path(dirpath) / self.FOLDER if dirpath else None
+
+    def _snapshot(self, trainer, pl_module) -> None:
+        folder = self._folder(trainer)
+        if folder is None:
+            return
         if _fully_sharded(trainer):
             # Under FSDP the module's own state_dict holds shards (FSDP2) or misses the root unit's
             # weights (FSDP1); the strategy's is complete, on rank zero (a collective: every rank asks).
             state = trainer.strategy.lightning_module_state_dict()
-            self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
-            return
-        self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()})
+        else:
+            state = pl_module.state_dict()
+        step = trainer.global_step
+        if trainer.is_global_zero:
+            from data_modules.files import atomic_open
+
+            with atomic_open(folder / f"step={step}.pt") as f:
+                torch.save({k: v.detach().to("cpu") for k, v in state.items()}, f)
+        self.steps = [*[s for s in self.steps if s != step], step][-self.last_k:]
+        if trainer.is_global_zero:
+            self._forget(folder)
+
+    def _forget(self, folder: Path) -> None:
+        """Remove the snapshots neither the window nor the last saved checkpoint's window names."""
+        keep = {f"step={s}.pt" for s in (*self.steps, *self._saved)}
+        for path in folder.glob("step=*.pt"):
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
+
+    def _snapshots(self, folder: Path) -> list[dict]:
+        missing = [s for s in self.steps if not (folder / f"step={s}.pt").is_file()]
+        if missing:
+            raise AttnlabError(f"{folder} lacks the snapshots of steps {missing} that averaged.ckpt needs: resume "
+                               "from last.ckpt (an older checkpoint's window may be gone), or average with `attnlab average`")
+        return [torch.load(folder / f"step={s}.pt", map_location="cpu", weights_only=True) for s in self.steps]
 
     def on_fit_end(self, trainer, pl_module):
-        if not self.snapshots or trainer.checkpoint_callback is None or not trainer.checkpoint_callback.dirpath:
+        folder = self._folder(trainer)
+        if not self.steps or folder is None:
             return
         if _fully_sharded(trainer):
-            self._write_sharded_average(trainer)
+            self._write_sharded_average(trainer, folder)
             return
+        # Only rank zero writes the checkpoint, and only its disk is sure to hold the snapshots.
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        pl_module.load_state_dict(average_state_dicts(list(self.snapshots)))
+        if trainer.is_global_zero:
+            pl_module.load_state_dict(average_state_dicts(self._snapshots(folder)))
         self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path)  # every rank calls it (a barrier)
         pl_module.load_state_dict(current)
 
-    def _write_sharded_average(self, trainer) -> None:
+    def _write_sharded_average(self, trainer, folder: Path) -> None:
         """FSDP: write the ordinary checkpoint (a collective), then put the average in it on rank zero."""
         self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
         trainer.save_checkpoint(self.path)
         if trainer.is_global_zero:
             checkpoint = torch.load(self.path, map_location="cpu", weights_only=True)
-            checkpoint["state_dict"] = average_state_dicts(list(self.snapshots))
+            checkpoint["state_dict"] = average_state_dicts(self._snapshots(folder))
             torch.save(checkpoint, self.path)
         trainer.strategy.barrier()
 
