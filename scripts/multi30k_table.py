@@ -25,20 +25,19 @@ def main(root: Path, baseline_glob: str) -> None:
         raise SystemExit(f"error: need test evaluations under {root} and exactly one baseline {baseline_glob} "
                          f"(found {len(baselines)}): run scripts/multi30k_from_ar.sh first")
     examples = {f: read_examples(f) for f in folders}
-    reference = examples[baselines[0]]
-    references = [e["reference"] for e in reference]
+    references = [e["reference"] for e in examples[baselines[0]]]
     outputs = {f: [e["hypothesis"] for e in rows] for f, rows in examples.items() if rows}
     others = {str(f.relative_to(root)): outputs[f] for f in folders if f != baselines[0] and f in outputs}
     p = {metric: sacrebleu_paired_p(metric, references, outputs[baselines[0]], others) for metric in ("bleu", "chrf")}
-    by_decoding = defaultdict(list)  # the same decoding at several batch sizes should give the same outputs
+    by_decoding = defaultdict(set)  # the same decoding at several batch sizes should give the same outputs
     for f in outputs:
-        by_decoding[_decoding(f)].append(outputs[f])
+        by_decoding[_decoding(f)].add(tuple(outputs[f]))
     print("| evaluation | BLEU | p | chrF | p | calls/token | tok/s | same outputs at every batch |")
     print("|---|---|---|---|---|---|---|---|")
     for f in folders:
         name = str(f.relative_to(root))
         row = last_values(read_metrics(f / "metrics.csv"))
-        same = all(o == by_decoding[_decoding(f)][0] for o in by_decoding[_decoding(f)])
+        same = len(by_decoding[_decoding(f)]) == 1
         cells = [f"{row.get('test/bleu', float('nan')):.2f}", _p(p["bleu"].get(name)),
                  f"{row.get('test/chrf', float('nan')):.2f}", _p(p["chrf"].get(name)),
                  f"{row.get('test/nfe_per_token', float('nan')):.2f}",

@@ -69,10 +69,9 @@ class CheckpointAveraging(L.Callback):
     FOLDER = "averaging"
 
     def __init__(self, last_k: int = 5, every_n_steps: int | None = None):
-        if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
+        if not _positive_int(last_k):
             raise AttnlabError(f"CheckpointAveraging last_k={last_k!r} must be an integer >= 1")
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
-                                          or every_n_steps < 1):
+        if every_n_steps is not None and not _positive_int(every_n_steps):
             raise AttnlabError(f"CheckpointAveraging every_n_steps={every_n_steps!r} must be an integer >= 1, "
                                "or null to average the last epochs")
         self.last_k, self.every_n_steps = last_k, every_n_steps
@@ -155,19 +154,23 @@ class CheckpointAveraging(L.Callback):
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         if trainer.is_global_zero:
             pl_module.load_state_dict(average_state_dicts(self._snapshots(folder)))
-        self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
+        self.path = folder.parent / "averaged.ckpt"
         trainer.save_checkpoint(self.path)  # every rank calls it (a barrier)
         pl_module.load_state_dict(current)
 
     def _write_sharded_average(self, trainer, folder: Path) -> None:
         """FSDP: write the ordinary checkpoint (a collective), then put the average in it on rank zero."""
-        self.path = Path(trainer.checkpoint_callback.dirpath) / "averaged.ckpt"
+        self.path = folder.parent / "averaged.ckpt"
         trainer.save_checkpoint(self.path)
         if trainer.is_global_zero:
             checkpoint = torch.load(self.path, map_location="cpu", weights_only=True)
             checkpoint["state_dict"] = average_state_dicts(self._snapshots(folder))
             torch.save(checkpoint, self.path)
         trainer.strategy.barrier()
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _fully_sharded(trainer) -> bool:
