@@ -25,7 +25,8 @@ def _corrupt(sentences: list[str], share: float, seed: int) -> list[str]:
     return [s.replace("Hund", "Hunde").replace("Katze", "Katzen") if rng.random() < share else s for s in sentences]
 
 
-def _write_run(root: Path, point: str, seed: int, index: int, hypotheses: list[str], nll: list[float]) -> None:
+def _write_run(root: Path, point: str, seed: int, index: int, hypotheses: list[str], nll: list[float],
+               reference: str | None = None) -> None:
     """A finished sweep run as `attnlab sweep` leaves it: fit metrics, a test folder with its examples."""
     import sacrebleu
 
@@ -47,7 +48,8 @@ def _write_run(root: Path, point: str, seed: int, index: int, hypotheses: list[s
         writer = csv.DictWriter(f, fieldnames=list(test))
         writer.writeheader()
         writer.writerow(test)
-    (folder / "done.json").write_text(json.dumps({"point": point, "index": index, "seed": seed, "swept": {}}))
+    done = {"point": point, "index": index, "seed": seed, "swept": {}}
+    (folder / "done.json").write_text(json.dumps({**done, "reference": reference} if reference else done))
 
 
 def _report(root: Path) -> list[dict]:
@@ -85,6 +87,27 @@ def test_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
     assert rows["worse"]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5)
     assert rows["worse"]["test chrf"]["p"] == pytest.approx(expected["chrf"], abs=5e-5)
     assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
+
+
+def test_a_sweeps_reference_row_is_what_every_row_is_tested_against(tmp_path):
+    """An ablation asks "does this change hurt the base?": with `reference: worse` the better row
+    is tested against the worse one (as the sacrebleu command with that baseline says), and the
+    reference is the marked row of every column though it is not the best."""
+    root = tmp_path / "runs" / "ablation"
+    good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1)}
+    worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1)}
+    for seed in (0, 1):
+        _write_run(root, "good", seed, 0, good[seed], [4.0] * len(REFERENCES), reference="worse")
+        _write_run(root, "worse", seed, 1, worse[seed], [5.0] * len(REFERENCES), reference="worse")
+    rows = {row["run"]: row for row in _report(root)}
+    expected = _cli_p_values(tmp_path, REFERENCES * 2, worse[0] + worse[1], good[0] + good[1])
+    for column in ("test bleu", "test chrf", "test nll"):
+        assert rows["worse"][column]["best"] and not rows["good"][column]["best"], column
+    assert rows["good"]["test bleu"]["mean"] > rows["worse"]["test bleu"]["mean"]
+    assert rows["good"]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5)
+    assert rows["good"]["test chrf"]["p"] == pytest.approx(expected["chrf"], abs=5e-5)
+    text = (root / "report" / "report.md").read_text()
+    assert "Bold: the reference row, worse" in text and "**test bleu**: reference worse" in text
 
 
 def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_best(tmp_path):

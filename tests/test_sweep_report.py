@@ -170,6 +170,13 @@ def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
     ({"base": str(DEBUG_YAML), "grid": {"a": [1]}, "grdi": {}}, "unknown key(s) grdi"),
     ({"base": str(DEBUG_YAML)}, "nothing to sweep"),
     ({"base": str(DEBUG_YAML), "grid": {"a": [1]}, "evaluate": {"fit": {}}}, "evaluate.fit"),
+    ({"base": str(DEBUG_YAML), "grid": {"a": [1]}, "points": {"b": {}}}, "not both"),
+    ({"base": str(DEBUG_YAML), "points": {}}, "points is empty"),
+    ({"base": str(DEBUG_YAML), "points": {"seed1": {}}}, "points.seed1: a point name is a folder name"),
+    ({"base": str(DEBUG_YAML), "points": {"a/b": {}}}, "points.a/b: a point name is a folder name"),
+    ({"base": str(DEBUG_YAML), "points": {"a": 3}}, "`points.a` must be a mapping"),
+    ({"base": [str(DEBUG_YAML), str(DEBUG_YAML)], "points": {"a": {}}}, "named points need one base config (got 2)"),
+    ({"base": str(DEBUG_YAML), "points": {"a": {}}, "reference": "b"}, "reference='b' must name a point: one of a"),
 ])
 def test_bad_sweep_files_name_the_field(tmp_path, content, expected):
     from attnlab.errors import ConfigError
@@ -233,3 +240,45 @@ def test_an_unfinished_point_of_a_sweep_is_left_out_of_the_report_and_said(tmp_p
     assert records[0].evaluations["test"]["test/nll"] == 4.4
     err = capsys.readouterr().err
     assert "skipped" in err and str(tmp_path / "bd" / "seed0" / "fit") in err
+
+
+def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path):
+    """`points:` runs each named point once (not a grid); done.json shows every key some point sets,
+    read from the run's own config where the point leaves it at the base's value; the report tests
+    against `reference:` (marked in every tested column, whether or not it is the best) and shows
+    val perplexity as the paper's Table 3 does (exp of val nll)."""
+    import math
+
+    sweep_file = tmp_path / "table.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "base": str(DEBUG_YAML),
+        "points": {"base": {}, "h=1": {"model.init_args.backbone.n_heads": 1},
+                   "no-dropout": {"model.init_args.backbone.dropout": 0.0, "model.init_args.optimizer.lr": 0.001}},
+        "reference": "base",
+    }))
+    args = ["sweep", sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    dry = run_process([*args, "--dry-run"], cwd=tmp_path, timeout=120)
+    assert "no-dropout [fit]" in dry.stdout and "--model.init_args.optimizer.lr=0.001" in dry.stdout
+    done = run_process(args, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep_dir = tmp_path / "runs" / "table"
+    swept = {p: json.loads((sweep_dir / p / "done.json").read_text())["swept"] for p in ("base", "h=1", "no-dropout")}
+    heads, dropout, lr = ("model.init_args.backbone.n_heads", "model.init_args.backbone.dropout",
+                          "model.init_args.optimizer.lr")
+    assert swept["base"] == {heads: 2, dropout: 0.0, lr: 0.003}  # debug.yaml's values, from config.yaml
+    assert swept["h=1"] == {heads: 1, dropout: 0.0, lr: 0.003}
+    assert swept["no-dropout"] == {heads: 2, dropout: 0.0, lr: 0.001}
+    rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())}
+    assert list(rows) == ["base", "h=1", "no-dropout"]
+    tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "best" in v]
+    assert {"test nll", "test chrf", "test exact_match"} <= set(tested)
+    for column in tested:
+        assert rows["base"][column]["best"] and not rows["h=1"][column]["best"], column
+        assert rows["h=1"][column]["p"] is not None and rows["no-dropout"][column]["p"] is not None, column
+    for row in rows.values():
+        assert row["val ppl"]["values"] == pytest.approx([math.exp(v) for v in row["val nll"]["values"]])
+    text = (sweep_dir / "report" / "report.md").read_text()
+    assert "Bold: the reference row, base, which every other row is tested against" in text
+    header, table = _table(text)
+    assert header[:7] == ["run", "n", "family", "n_heads", "dropout", "lr", "params"]
+    assert table[0][3:6] == ["2", "0.0", "0.003"]

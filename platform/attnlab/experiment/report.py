@@ -22,6 +22,7 @@ from attnlab.families.metrics import LIKELIHOOD_METRICS
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
+VAL_QUALITY = ("nll", "ppl", *QUALITY[1:])  # the paper's Table 3 reports dev perplexity
 
 
 @dataclass
@@ -92,7 +93,7 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
         short = key.rsplit(".", 1)[-1]
         columns.append(Column(short, lambda r, k=key: r.swept.get(k), lambda v: json.dumps(v) if not isinstance(v, str) else v))
     columns.append(Column("params", lambda r: r.summary.get("params"), _params))
-    for name in QUALITY:
+    for name in VAL_QUALITY:
         if any(r.final(f"val/{name}") is not None for r in records):
             columns.append(Column(f"val {name}", lambda r, n=name: r.final(f"val/{n}"), _quality_fmt(name), numeric=True))
     # A frontier's evaluations (one per decoding and batch size) get their own section.
@@ -110,13 +111,21 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
     return columns
 
 
-def run_tests(points: list[Point], columns: list[Column]) -> None:
-    """Paired tests of every evaluation column against its best row (stored on the column)."""
+def run_tests(points: list[Point], columns: list[Column], reference: str | None = None) -> None:
+    """Paired tests of every evaluation column against its best row, or against the `reference`
+    row where the sweep names one (stored on the column)."""
     for column in columns:
         if column.metric is not None:
             means = {p.name: s.mean for p in points if (s := column.summary(p)) is not None}
             column.tests = test_column(points, column.evaluation, column.metric, means,
-                                       higher_is_better=column.metric not in LIKELIHOOD_METRICS)
+                                       higher_is_better=column.metric not in LIKELIHOOD_METRICS, reference=reference)
+
+
+def sweep_reference(points: list[Point]) -> str | None:
+    """The row a sweep's `reference:` names (every run of it says the same), or None."""
+    named = {r.reference for p in points for r in p.records}
+    reference = named.pop() if len(named) == 1 else None
+    return reference if reference in {p.name for p in points} else None
 
 
 def _cell(column: Column, point: Point) -> str:
@@ -159,17 +168,19 @@ def interval_table(points: list[Point], columns: list[Column]) -> str:
     return "\n".join(lines)
 
 
-def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
-    """One sentence per tested column: the best row, which rows differ significantly, which do not."""
+def significance_text(points: list[Point], columns: list[Column], reference: str | None = None) -> list[str]:
+    """One sentence per tested column: the best (or reference) row, which rows differ significantly, which do not."""
     tested = [c for c in columns if c.tests is not None and c.tests.best is not None]
     if not tested or len(points) < 2:
         return []
     seeds = sorted({len(p.records) for p in points})
+    bold = (f"the reference row, {reference}, which every other row is tested against" if reference
+            else "the best row of a column (mean over seeds)")
     lines = [
-        f"Bold: the best row of a column (mean over seeds). `*`: significantly different from it at p < {ALPHA} "
+        f"Bold: {bold}. `*`: significantly different from it at p < {ALPHA} "
         f"(two-sided, paired on the same seeds and test examples: sacreBLEU's paired bootstrap resampling for BLEU "
         f"and chrF, a paired sign-flip permutation test for nll, bpb and exact match). Seeds per row: "
-        f"{', '.join(map(str, seeds))}. Unmarked rows are not significantly different from the best.",
+        f"{', '.join(map(str, seeds))}. Unmarked rows are not significantly different from the {'reference' if reference else 'best'}.",
         "",
     ]
     by_name = {p.name: p for p in points}
@@ -185,7 +196,7 @@ def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
                 overlapping |= overlap
                 worse.append(f"{name} (p = {p:.3g}{'; intervals over seeds overlap' if overlap else ''})")
         same = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p >= ALPHA]
-        parts = [f"- **{column.header}**: best {tests.best} ({column.fmt(best.mean)})"]
+        parts = [f"- **{column.header}**: {'reference' if reference else 'best'} {tests.best} ({column.fmt(best.mean)})"]
         parts.append(f"significantly different: {', '.join(worse)}" if worse else "no row significantly different")
         if same:
             parts.append(f"not significantly different: {', '.join(same)}")
@@ -194,7 +205,7 @@ def significance_text(points: list[Point], columns: list[Column]) -> list[str]:
         lines.append("; ".join(parts) + ".")
     if overlapping:
         lines += ["", "The paired tests compare these trained models on these test examples. Where a row differs "
-                  "significantly but its 95 % interval over seeds overlaps the best row's, the gap is real for "
+                  "significantly but its 95 % interval over seeds overlaps the best (or reference) row's, the gap is real for "
                   "these seeds, yet the seed-to-seed spread is as large: more seeds would tell whether another "
                   "training run keeps the order."]
     return lines
@@ -242,8 +253,10 @@ def report_main(argv: list[str]) -> int:
         raise AttnlabError(f"no runs under {folder}: a run folder holds the metrics.csv that `attnlab fit` writes")
     points = group_points(records)
     columns = build_columns(records)
-    run_tests(points, columns)
-    table, intervals, words = markdown_table(points, columns), interval_table(points, columns), significance_text(points, columns)
+    reference = sweep_reference(points)
+    run_tests(points, columns, reference)
+    table, intervals = markdown_table(points, columns), interval_table(points, columns)
+    words = significance_text(points, columns, reference)
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
     plots = write_plots(points, output, args.metric)

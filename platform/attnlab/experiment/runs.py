@@ -33,6 +33,7 @@ class RunRecord:
     evaluation_dirs: dict[str, Path] = field(default_factory=dict)
     frontier: dict[str, dict] = field(default_factory=dict)  # evaluation -> {decoding, batch_size} (done.json)
     frontier_reference: str | None = None  # <point>/<decoding> the frontier compares with
+    reference: str | None = None  # the point a sweep's tests compare every row with (done.json)
     _examples: dict = field(default_factory=dict, repr=False)  # evaluation -> records, read once
 
     def final(self, key: str) -> float | None:
@@ -134,7 +135,8 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
             name = done.get("point") or str(folder.relative_to(root))
             record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
                                seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"),
-                               frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"))
+                               frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"),
+                               reference=done.get("reference"))
             summary = folder / "summary.json"
             if summary.is_file():
                 record.summary = json.loads(summary.read_text())

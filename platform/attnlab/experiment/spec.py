@@ -3,6 +3,10 @@
     base: decoder_only.yaml            # or a list: one family per point (compare_families)
     grid:
       model.init_args.backbone.n_heads: [1, 2, 4, 8, 16]
+    points:                            # instead of a grid: named points, each its own overrides (an
+      base: {}                         # ablation table changes one thing at a time, not all combinations)
+      h=1: {model.init_args.backbone.n_heads: 1}
+    reference: base                    # test every row against this point, not against each column's best
     seeds: [0, 1, 2]                   # every point once per seed (seed_everything), in <point>/seed<k>/
     fixed:
       trainer.max_epochs: 3
@@ -36,7 +40,7 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "fixed", "evaluate", "frontier", "name", "seeds"}
+KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds"}
 ENTRY_KEYS = ("checkpoint", "points")  # keys of an evaluate entry that are not config overrides
 EVAL_BATCH = "data.init_args.eval_batch_size"
 CHECKPOINTS = ("best", "last", "averaged")  # what an evaluate entry's `checkpoint` may name
@@ -80,6 +84,15 @@ class SweepSpec:
     evaluate: dict[str, dict[str, Any]] = field(default_factory=lambda: {"test": {}})
     seeds: list[int] | None = None
     frontier: Frontier | None = None
+    named: dict[str, dict[str, Any]] | None = None  # `points:` (name -> overrides), instead of a grid
+    reference: str | None = None  # the point every row is tested against (None: each column's best)
+
+    @property
+    def swept_keys(self) -> list[str]:
+        """The keys that differ between points: the grid's, or every key a named point sets."""
+        if self.named is None:
+            return list(self.grid)
+        return list(dict.fromkeys(key for overrides in self.named.values() for key in overrides))
 
     def evaluations_for(self, point: SweepPoint) -> dict[str, dict[str, Any]]:
         """The evaluate entries that run for `point` (an entry with `points:` only for those)."""
@@ -87,7 +100,10 @@ class SweepSpec:
                 if "points" not in entry or point.name in entry["points"]}
 
     def grid_points(self) -> list[SweepPoint]:
-        """One point per base and grid combination, without seeds."""
+        """One point per base and grid combination (or per named point), without seeds."""
+        if self.named is not None:
+            return [SweepPoint(name, list(self.bases), {**self.fixed, **overrides}, i)
+                    for i, (name, overrides) in enumerate(self.named.items())]
         keys = list(self.grid)
         short = _short_names(keys)
         out = []
@@ -139,16 +155,23 @@ def load_sweep(path: str | Path) -> SweepSpec:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: grid.{key} must be a non-empty list of values, e.g. [1, 2, 4]")
-    if not grid and len(base_paths) < 2:
+    named = _named_points(raw, path, len(base_paths)) if "points" in raw else None
+    if named is not None and grid:
+        raise ConfigError(f"{path}: give either `grid:` (every combination) or `points:` (named points), not both")
+    if not grid and named is None and len(base_paths) < 2:
         raise ConfigError(f"{path}: the grid is empty and there is one base, so there is nothing to sweep")
     evaluate = raw.get("evaluate", {} if "frontier" in raw else {"test": {}})
     evaluate = {k: dict(_mapping(v, path, f"evaluate.{k}")) for k, v in _mapping(evaluate, path, "evaluate").items()}
     seeds = check_seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
     spec = SweepSpec(path, str(raw.get("name") or name_under_experiments(path)), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
-                     evaluate, seeds)
+                     evaluate, seeds, named=named)
     names = [p.name for p in spec.grid_points()]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: two grid points get the same folder name; give the bases different file names")
+    if "reference" in raw:
+        if raw["reference"] not in names:
+            raise ConfigError(f"{path}: reference={raw['reference']!r} must name a point: one of {', '.join(names)}")
+        spec.reference = raw["reference"]
     if "frontier" in raw:
         spec.frontier = _frontier(raw["frontier"], path, names)
         for name, entry in spec.frontier.entries.items():
@@ -168,6 +191,22 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if "points" in overrides:
             _point_names(overrides["points"], path, f"evaluate.{name}.points", names)
     return spec
+
+
+def _named_points(raw: dict, path: Path, bases: int) -> dict[str, dict[str, Any]]:
+    """`points:`: a mapping of point names (each a folder name) to their overrides, with one base."""
+    points = _mapping(raw["points"], path, "points", of="point names to their overrides, e.g. {base: {}, h=1: {...}}")
+    if not points:
+        raise ConfigError(f"{path}: points is empty; name at least one point, e.g. {{base: {{}}}}")
+    if bases != 1:
+        raise ConfigError(f"{path}: named points need one base config (got {bases}); put each family's change in a point")
+    for name, overrides in points.items():
+        if (not isinstance(name, str) or not name or name in ("report", "fit") or name[0] in ".-"
+                or name.startswith("seed") or any(c in name for c in "/,\\")):
+            raise ConfigError(f"{path}: points.{name}: a point name is a folder name: no '/', ',' or '\\', "
+                              "not 'report' or 'fit', not starting with '.', '-' or 'seed'")
+        _mapping(overrides, path, f"points.{name}")
+    return {name: dict(overrides or {}) for name, overrides in points.items()}
 
 
 def _point_names(value, path: Path, where: str, names: list[str]) -> list[str]:
@@ -258,6 +297,9 @@ def as_cli_args(overrides: dict[str, Any]) -> list[str]:
 
 def wandb_sweep_config(spec: SweepSpec) -> dict:
     """The same grid as a wandb sweep, for users who launch runs with `wandb agent`."""
+    if spec.named is not None:
+        raise ConfigError(f"{spec.path}: --export-wandb needs a grid; a sweep of named points (`points:`) has no "
+                          "wandb equivalent: run it with `attnlab sweep`")
     parameters: dict[str, dict] = {}
     configs = [str(b) for b in spec.bases]
     parameters["config"] = {"values": configs} if len(configs) > 1 else {"value": configs[0]}

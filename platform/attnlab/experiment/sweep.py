@@ -170,9 +170,12 @@ class SweepRunner:
                 print(f"[sweep] {label}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
                 return False
             seconds[stage] = round(time.perf_counter() - started, 1)
-        swept = {key: point.overrides[key] for key in self.spec.grid}
+        swept = {key: point.overrides[key] if key in point.overrides else config_value(folder / "fit" / "config.yaml", key)
+                 for key in self.spec.swept_keys}
         done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
                 "swept": swept, "overrides": point.overrides, "seconds": seconds}
+        if self.spec.reference is not None:  # what the report's tests compare with
+            done["reference"] = self.spec.reference
         if self.spec.frontier is not None:  # what the report's frontier section reads
             done["frontier"] = {name: {"decoding": decoding, "batch_size": batch}
                                 for name, (decoding, batch) in self.spec.frontier.evaluations.items()
@@ -188,6 +191,17 @@ class SweepRunner:
             return subprocess.call(command, env=env)
         with log.open("a") as out:
             return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def config_value(config: Path, key: str):
+    """The value of a dotted key (model.init_args.backbone.n_heads) in a run's resolved config.yaml,
+    so a named point that leaves a key at the base config's value still shows it (None if absent)."""
+    value = yaml.safe_load(config.read_text()) if config.is_file() else None
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
