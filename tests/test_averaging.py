@@ -55,10 +55,12 @@ def _tiny_fit(tmp_path, max_steps, averaging, checkpoint):
     return torch.load(tmp_path / "ckpt" / "averaged.ckpt", weights_only=True)["state_dict"]
 
 
-def test_averaging_by_update_count_averages_the_last_multiples_of_n_steps(tmp_path):
+def test_averaging_by_update_count_averages_the_last_multiples_of_n_steps(tmp_path, cli):
     """10 steps (4 an epoch, so the snapshots cross epoch ends), a snapshot every 3 steps, the last 2:
-    the average is the mean of the weights after steps 6 and 9, not of step 10's or an epoch end's."""
-    every_step = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=1, filename="{step}")
+    the average is the mean of the weights after steps 6 and 9, not of step 10's or an epoch end's.
+    `attnlab average` of the snapshot files writes the same checkpoint."""
+    every_step = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=1, filename="{step}",
+                                 save_last=True)
     averaged = _tiny_fit(tmp_path, 10, CheckpointAveraging(last_k=2, every_n_steps=3), every_step)
     steps = {s: torch.load(tmp_path / "ckpt" / f"step={s}.ckpt", weights_only=True)["state_dict"] for s in (6, 9, 10)}
     for key, value in averaged.items():
@@ -68,6 +70,16 @@ def test_averaging_by_update_count_averages_the_last_multiples_of_n_steps(tmp_pa
     assert not torch.allclose(averaged[key], (steps[9][key] + steps[10][key]) / 2)
     # On disk: the window (6, 9), and 3, which the checkpoint of step 8, saved before 9 came, names.
     assert sorted(p.name for p in (tmp_path / "ckpt" / "averaging").iterdir()) == ["step=3.pt", "step=6.pt", "step=9.pt"]
+    snapshots = [tmp_path / "ckpt" / "averaging" / f"step={s}.pt" for s in (6, 9)]
+    result = cli("average", *snapshots, "--output", tmp_path / "from_snapshots.ckpt")
+    assert result.code == 0, result.err
+    from_snapshots = torch.load(tmp_path / "from_snapshots.ckpt", weights_only=True)
+    assert from_snapshots["attnlab"]["family"] == "encoder_decoder"
+    for key, value in averaged.items():
+        torch.testing.assert_close(from_snapshots["state_dict"][key], value, msg=key)
+    (tmp_path / "ckpt" / "last.ckpt").unlink()
+    orphan = cli("average", *snapshots, "--output", tmp_path / "orphan.ckpt")
+    assert orphan.code == 2 and "last.ckpt" in orphan.err and not (tmp_path / "orphan.ckpt").exists()
 
 
 def test_a_snapshot_the_last_saved_checkpoint_names_stays_on_disk(tmp_path):

@@ -33,14 +33,39 @@ def average_state_dicts(state_dicts: list[dict]) -> dict:
     return out
 
 
+SNAPSHOTS = "averaging"  # CheckpointAveraging's folder of weight snapshots, inside checkpoints/
+
+
+def _snapshot_as_checkpoint(path: Path) -> dict:
+    """A CheckpointAveraging snapshot (`checkpoints/averaging/step=N.pt`, weights only) inside its
+    run's last.ckpt, so any window of a finished run can be averaged afterwards (how many
+    checkpoints to average is a choice to make on validation, not before training)."""
+    from attnlab.checkpoints.reading import not_a_checkpoint, read_checkpoint
+
+    last = path.parent.parent / "last.ckpt"
+    if not last.is_file():
+        raise AttnlabError(f"{path} is a CheckpointAveraging snapshot (weights only); averaging it needs its run's "
+                           f"{last} for the rest of a checkpoint, and that file does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets one line naming it
+        raise not_a_checkpoint(path, str(err) or type(err).__name__, what="snapshot") from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise AttnlabError(f"{path} is not a CheckpointAveraging snapshot (a mapping of parameter names to tensors)")
+    return {**read_checkpoint(last), "state_dict": state}
+
+
 def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
-    """Write a checkpoint like the last of `paths` whose weights are the mean of all of them."""
+    """Write a checkpoint like the last of `paths` whose weights are the mean of all of them
+    (checkpoints, or CheckpointAveraging snapshots of one run)."""
     from attnlab.checkpoints.reading import read_checkpoint
 
     output = Path(output)
     if output.exists():  # before reading anything: nothing of the user's is ever replaced
         raise AttnlabError(f"--output {output} exists already; choose another --output (nothing was overwritten)")
-    checkpoints = [read_checkpoint(path) for path in paths]
+    paths = [Path(p) for p in paths]
+    checkpoints = [_snapshot_as_checkpoint(p) if p.parent.name == SNAPSHOTS and p.suffix == ".pt" else read_checkpoint(p)
+                   for p in paths]
     families = {(c.get("attnlab") or {}).get("family") for c in checkpoints}
     if len(families) != 1:
         named = ", ".join(f"{p} ({c['attnlab']['family']})" for p, c in zip(paths, checkpoints))
@@ -66,7 +91,7 @@ class CheckpointAveraging(L.Callback):
     checkpoint holds names it (a resume may go back to that one); the window stays after fit, so a
     finished run resumed to train longer still averages its last snapshots."""
 
-    FOLDER = "averaging"
+    FOLDER = SNAPSHOTS
 
     def __init__(self, last_k: int = 5, every_n_steps: int | None = None):
         if not _positive_int(last_k):

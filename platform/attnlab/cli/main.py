@@ -183,7 +183,10 @@ def average_main(argv: list[str]) -> int:
     from attnlab.checkpoints.averaging import average_checkpoints
 
     parser = argparse.ArgumentParser(prog="attnlab average", description=OTHER_VERBS["average"])
-    parser.add_argument("checkpoints", nargs="+", help="checkpoints of one run, e.g. runs/x/v/checkpoints/epoch*.ckpt")
+    parser.add_argument("checkpoints", nargs="+", help="checkpoints of one run, e.g. runs/x/v/checkpoints/epoch*.ckpt, "
+                                                       "or CheckpointAveraging's snapshots of one run "
+                                                       "(runs/x/v/checkpoints/averaging/step=*.pt; the rest of "
+                                                       "the checkpoint comes from that run's last.ckpt)")
     parser.add_argument("--output", "-o", required=True, help="where to write the averaged checkpoint (must not exist)")
     args = parser.parse_args(argv)
     print(f"averaged {len(args.checkpoints)} checkpoints into {average_checkpoints(args.checkpoints, args.output)}")
