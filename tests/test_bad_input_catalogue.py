@@ -473,6 +473,12 @@ def sweep_monitor_never_logged(env):
 
 
 @case
+def sweep_named_point_monitor_never_logged(env):
+    sweep = env.sweep_file("base: debug.yaml\npoints:\n  base: {}\n  chrf: {run.monitor: val/chrff}\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], ["run.monitor='val/chrff'", "never logged"]
+
+
+@case
 def sweep_patience_below_one(env):
     sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nfixed:\n  run.patience: 0\n")
     return ["sweep", sweep, "--root", env.tmp / "runs"], ["run.patience=0", ">= 1"]

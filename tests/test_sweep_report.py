@@ -177,6 +177,9 @@ def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
     ({"base": str(DEBUG_YAML), "points": {"a": 3}}, "`points.a` must be a mapping"),
     ({"base": [str(DEBUG_YAML), str(DEBUG_YAML)], "points": {"a": {}}}, "named points need one base config (got 2)"),
     ({"base": str(DEBUG_YAML), "points": {"a": {}}, "reference": "b"}, "reference='b' must name a point: one of a"),
+    ({"base": str(DEBUG_YAML), "points": {1: {}}}, "points.1: YAML reads this name as a int; quote it"),
+    ({"base": str(DEBUG_YAML), "points": {"a": {}, "b": {}}, "reference": "a", "evaluate": {"t": {"points": ["b"]}}},
+     "evaluate.t.points leaves out the reference point 'a'"),
 ])
 def test_bad_sweep_files_name_the_field(tmp_path, content, expected):
     from attnlab.errors import ConfigError
@@ -253,28 +256,28 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
     sweep_file.write_text(yaml.safe_dump({
         "base": str(DEBUG_YAML),
         "points": {"base": {}, "h=1": {"model.init_args.backbone.n_heads": 1},
-                   "no-dropout": {"model.init_args.backbone.dropout": 0.0, "model.init_args.optimizer.lr": 0.001}},
+                   "dropout": {"model.init_args.backbone.dropout": 0.1, "model.init_args.optimizer.lr": 0.001}},
         "reference": "base",
-    }))
+    }, sort_keys=False))  # the file's order is the table's
     args = ["sweep", sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
     dry = run_process([*args, "--dry-run"], cwd=tmp_path, timeout=120)
-    assert "no-dropout [fit]" in dry.stdout and "--model.init_args.optimizer.lr=0.001" in dry.stdout
+    assert "dropout [fit]" in dry.stdout and "--model.init_args.optimizer.lr=0.001" in dry.stdout
     done = run_process(args, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "runs" / "table"
-    swept = {p: json.loads((sweep_dir / p / "done.json").read_text())["swept"] for p in ("base", "h=1", "no-dropout")}
+    swept = {p: json.loads((sweep_dir / p / "done.json").read_text())["swept"] for p in ("base", "h=1", "dropout")}
     heads, dropout, lr = ("model.init_args.backbone.n_heads", "model.init_args.backbone.dropout",
                           "model.init_args.optimizer.lr")
     assert swept["base"] == {heads: 2, dropout: 0.0, lr: 0.003}  # debug.yaml's values, from config.yaml
     assert swept["h=1"] == {heads: 1, dropout: 0.0, lr: 0.003}
-    assert swept["no-dropout"] == {heads: 2, dropout: 0.0, lr: 0.001}
+    assert swept["dropout"] == {heads: 2, dropout: 0.1, lr: 0.001}
     rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())}
-    assert list(rows) == ["base", "h=1", "no-dropout"]
+    assert list(rows) == ["base", "h=1", "dropout"]
     tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "best" in v]
     assert {"test nll", "test chrf", "test exact_match"} <= set(tested)
     for column in tested:
         assert rows["base"][column]["best"] and not rows["h=1"][column]["best"], column
-        assert rows["h=1"][column]["p"] is not None and rows["no-dropout"][column]["p"] is not None, column
+        assert rows["h=1"][column]["p"] is not None and rows["dropout"][column]["p"] is not None, column
     for row in rows.values():
         assert row["val ppl"]["values"] == pytest.approx([math.exp(v) for v in row["val nll"]["values"]])
     text = (sweep_dir / "report" / "report.md").read_text()
@@ -282,3 +285,18 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
     header, table = _table(text)
     assert header[:7] == ["run", "n", "family", "n_heads", "dropout", "lr", "params"]
     assert table[0][3:6] == ["2", "0.0", "0.003"]
+
+
+def test_the_reference_comes_from_the_runs_that_name_one():
+    """Runs finished before the sweep file named a reference say none and do not undo it; runs
+    naming different references leave the report testing against each column's best."""
+    from attnlab.experiment.report import Point, sweep_reference
+    from attnlab.experiment.runs import RunRecord
+
+    def point(name, *references):
+        return Point(name, [RunRecord(name, None, "f", [], seed=i, reference=r) for i, r in enumerate(references)])
+
+    assert sweep_reference([point("base", None, "base"), point("h=1", "base", None)]) == "base"
+    assert sweep_reference([point("base", "base"), point("h=1", "h=1")]) is None
+    assert sweep_reference([point("base", None), point("h=1", None)]) is None
+    assert sweep_reference([point("h=1", "gone")]) is None  # a reference no row has

@@ -36,23 +36,28 @@ def average_state_dicts(state_dicts: list[dict]) -> dict:
 SNAPSHOTS = "averaging"  # CheckpointAveraging's folder of weight snapshots, inside checkpoints/
 
 
-def _snapshot_as_checkpoint(path: Path) -> dict:
+def _snapshot_as_checkpoint(path: Path, runs: dict[Path, dict]) -> dict:
     """A CheckpointAveraging snapshot (`checkpoints/averaging/step=N.pt`, weights only) inside its
-    run's last.ckpt, so any window of a finished run can be averaged afterwards (how many
-    checkpoints to average is a choice to make on validation, not before training)."""
+    run's last.ckpt (read once per run into `runs`), so a finished run's snapshots still on disk
+    (its last `last_k`) can be averaged in smaller windows afterwards: how many to average is a
+    choice to make on validation, not before training."""
     from attnlab.checkpoints.reading import not_a_checkpoint, read_checkpoint
 
+    if not path.is_file():
+        raise AttnlabError(f"snapshot {path} does not exist; list the files in {path.parent}")
     last = path.parent.parent / "last.ckpt"
     if not last.is_file():
         raise AttnlabError(f"{path} is a CheckpointAveraging snapshot (weights only); averaging it needs its run's "
                            f"{last} for the rest of a checkpoint, and that file does not exist")
+    if last not in runs:
+        runs[last] = read_checkpoint(last)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets one line naming it
         raise not_a_checkpoint(path, str(err) or type(err).__name__, what="snapshot") from None
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise AttnlabError(f"{path} is not a CheckpointAveraging snapshot (a mapping of parameter names to tensors)")
-    return {**read_checkpoint(last), "state_dict": state}
+    return {**runs[last], "state_dict": state}
 
 
 def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
@@ -63,9 +68,9 @@ def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
     output = Path(output)
     if output.exists():  # before reading anything: nothing of the user's is ever replaced
         raise AttnlabError(f"--output {output} exists already; choose another --output (nothing was overwritten)")
-    paths = [Path(p) for p in paths]
-    checkpoints = [_snapshot_as_checkpoint(p) if p.parent.name == SNAPSHOTS and p.suffix == ".pt" else read_checkpoint(p)
-                   for p in paths]
+    paths, runs = [Path(p) for p in paths], {}
+    checkpoints = [_snapshot_as_checkpoint(p, runs) if p.parent.name == SNAPSHOTS and p.suffix == ".pt"
+                   else read_checkpoint(p) for p in paths]
     families = {(c.get("attnlab") or {}).get("family") for c in checkpoints}
     if len(families) != 1:
         named = ", ".join(f"{p} ({c['attnlab']['family']})" for p, c in zip(paths, checkpoints))

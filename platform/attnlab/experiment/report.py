@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -122,8 +123,12 @@ def run_tests(points: list[Point], columns: list[Column], reference: str | None 
 
 
 def sweep_reference(points: list[Point]) -> str | None:
-    """The row a sweep's `reference:` names (every run of it says the same), or None."""
-    named = {r.reference for p in points for r in p.records}
+    """The row a sweep's `reference:` names, or None. Runs finished before the file gained its
+    `reference:` name none and do not count; runs that name different ones leave none, said."""
+    named = {r.reference for p in points for r in p.records} - {None}
+    if len(named) > 1:
+        print(f"report: the runs name different reference rows ({', '.join(sorted(named))}); "
+              "testing against each column's best instead", file=sys.stderr)
     reference = named.pop() if len(named) == 1 else None
     return reference if reference in {p.name for p in points} else None
 

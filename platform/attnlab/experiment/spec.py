@@ -172,6 +172,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if raw["reference"] not in names:
             raise ConfigError(f"{path}: reference={raw['reference']!r} must name a point: one of {', '.join(names)}")
         spec.reference = raw["reference"]
+        for name, entry in evaluate.items():
+            if "points" in entry and spec.reference not in entry["points"]:
+                raise ConfigError(f"{path}: evaluate.{name}.points leaves out the reference point {spec.reference!r}, "
+                                  "so nothing could be tested against it: add it to that list")
     if "frontier" in raw:
         spec.frontier = _frontier(raw["frontier"], path, names)
         for name, entry in spec.frontier.entries.items():
@@ -201,7 +205,10 @@ def _named_points(raw: dict, path: Path, bases: int) -> dict[str, dict[str, Any]
     if bases != 1:
         raise ConfigError(f"{path}: named points need one base config (got {bases}); put each family's change in a point")
     for name, overrides in points.items():
-        if (not isinstance(name, str) or not name or name in ("report", "fit") or name[0] in ".-"
+        if not isinstance(name, str):
+            raise ConfigError(f"{path}: points.{name}: YAML reads this name as a {type(name).__name__}; quote it "
+                              f"(\"{name}\": ...) to make it a folder name")
+        if (not name or name in ("report", "fit") or name[0] in ".-"
                 or name.startswith("seed") or any(c in name for c in "/,\\")):
             raise ConfigError(f"{path}: points.{name}: a point name is a folder name: no '/', ',' or '\\', "
                               "not 'report' or 'fit', not starting with '.', '-' or 'seed'")
@@ -211,7 +218,7 @@ def _named_points(raw: dict, path: Path, bases: int) -> dict[str, dict[str, Any]
 
 def _point_names(value, path: Path, where: str, names: list[str]) -> list[str]:
     if not isinstance(value, list) or not value or any(v not in names for v in value):
-        raise ConfigError(f"{path}: {where} must be a non-empty list of grid points ({', '.join(names)}); got {value!r}")
+        raise ConfigError(f"{path}: {where} must be a non-empty list of the sweep's points ({', '.join(names)}); got {value!r}")
     return value
 
 

@@ -215,7 +215,7 @@ def flag_value(args: list[str], flag: str) -> str | None:
 
 
 def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
-    """The checkpoint-selection options every run gets (fixed, grid or pass-through), checked once
+    """The checkpoint-selection options every run gets (fixed, grid, named points or pass-through), checked once
     before the first run instead of failing in every one: run.monitor must be a metric attnlab
     logs in validation, run.patience an integer >= 1, run.monitor_mode min or max."""
     from attnlab.families.block_diffusion import NOISE_SEARCH_METRICS
@@ -227,6 +227,7 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
     for key in ("monitor", "monitor_mode", "patience"):
         given = [spec.fixed[f"run.{key}"]] if f"run.{key}" in spec.fixed else []
         given += list(spec.grid.get(f"run.{key}", []))
+        given += [o[f"run.{key}"] for o in (spec.named or {}).values() if f"run.{key}" in o]
         flag = flag_value(passthrough, f"--run.{key}")
         if flag is not None:
             given = [int(flag) if key == "patience" and flag.lstrip("-").isdigit() else flag]
