@@ -79,7 +79,7 @@ def test_an_evaluate_entry_for_an_unknown_point_is_refused(tmp_path):
     from attnlab.errors import ConfigError
     from attnlab.experiment.spec import load_sweep
 
-    with pytest.raises(ConfigError, match=r"evaluate.b1.points must be a non-empty list of grid points \(ar, bd\)"):
+    with pytest.raises(ConfigError, match=r"evaluate.b1.points must be a non-empty list of the sweep's points \(ar, bd\)"):
         load_sweep(_sweep_file(tmp_path, evaluate={"b1": {"points": ["decoder_only"]}}))
     with pytest.raises(ConfigError, match=r"evaluate.greedy@b1 is also a frontier evaluation"):
         load_sweep(_sweep_file(tmp_path, evaluate={"greedy@b1": {}}))
