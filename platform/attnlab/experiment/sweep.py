@@ -170,7 +170,9 @@ class SweepRunner:
                 print(f"[sweep] {label}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
                 return False
             seconds[stage] = round(time.perf_counter() - started, 1)
-        swept = {key: point.overrides[key] if key in point.overrides else config_value(folder / "fit" / "config.yaml", key)
+        config = folder / "fit" / "config.yaml"
+        resolved = yaml.safe_load(config.read_text()) if config.is_file() else None  # read once, not per key
+        swept = {key: point.overrides[key] if key in point.overrides else config_value(resolved, key)
                  for key in self.spec.swept_keys}
         done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
                 "swept": swept, "overrides": point.overrides, "seconds": seconds}
@@ -193,10 +195,10 @@ class SweepRunner:
             return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def config_value(config: Path, key: str):
-    """The value of a dotted key (model.init_args.backbone.n_heads) in a run's resolved config.yaml,
-    so a named point that leaves a key at the base config's value still shows it (None if absent)."""
-    value = yaml.safe_load(config.read_text()) if config.is_file() else None
+def config_value(value, key: str):
+    """The value of a dotted key (model.init_args.backbone.n_heads) in a run's resolved config
+    (config.yaml, parsed), so a named point that leaves a key at the base config's value still
+    shows it (None if absent)."""
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
             return None
@@ -225,9 +227,8 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
     known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | set(NOISE_SEARCH_METRICS)
     values: dict[str, list] = {}
     for key in ("monitor", "monitor_mode", "patience"):
-        given = [spec.fixed[f"run.{key}"]] if f"run.{key}" in spec.fixed else []
-        given += list(spec.grid.get(f"run.{key}", []))
-        given += [o[f"run.{key}"] for o in (spec.named or {}).values() if f"run.{key}" in o]
+        # Every point's overrides hold fixed, grid and named-point values alike.
+        given = [p.overrides[f"run.{key}"] for p in spec.grid_points() if f"run.{key}" in p.overrides]
         flag = flag_value(passthrough, f"--run.{key}")
         if flag is not None:
             given = [int(flag) if key == "patience" and flag.lstrip("-").isdigit() else flag]
