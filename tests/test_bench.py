@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.bench.contenders import Options, decoder_tokens, platform_module, schema_batch
-from attnlab.bench.flops import family_flops_per_token, linear_params
+from attnlab.training.flops import family_flops_per_token, linear_params
 from attnlab.bench.references import TorchTranslator, hf_gpt2
 from attnlab.bench.report import check_targets
 from attnlab.bench.shapes import BenchShape
@@ -119,6 +119,14 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     rows = data["training"]
     assert ratio == pytest.approx(rows["block_diffusion"]["tokens_per_s"] / rows["decoder_only"]["tokens_per_s"])
     assert f"| decoder_only | {rows['decoder_only']['seconds_per_step']:.3f} |" in result.stdout
+    # The peak: the best of every matmul size timed with the models, or the fastest model's rate.
+    peaks = data["peak_flops"]
+    assert set(peaks["by_size"]) == {f"matmul {n}" for n in (256, 512, 1024, 2048)}
+    fastest = max(r["tokens_per_s"] * r["flops_per_token"] for r in rows.values())
+    assert peaks["measured"] == pytest.approx(max(*peaks["by_size"].values(), fastest))
+    assert peaks["raised_to_fastest_model"] == (fastest > max(peaks["by_size"].values()))
+    assert all(0 < r["mfu_measured"] <= 1 for r in rows.values())
+    assert "peak matmul TFLOP/s by size" in result.stdout
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -49,6 +49,10 @@ def format_report(result: dict) -> str:
         rows = [[name, f"{r['seconds_per_step']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['flops_per_token'] / 1e9:.4f}"]
                 + [f"{100 * r['mfu_' + k]:.1f}%" for k in kinds] for name, r in result["training"].items()]
         out += ["", _table(header, rows)]
+        sizes = ", ".join(f"{name.split()[-1]}² {rate / 1e12:.3f}" for name, rate in peaks.get("by_size", {}).items())
+        raised = " (raised to the fastest model's rate)" if peaks.get("raised_to_fastest_model") else ""
+        out += ["", f"peak matmul TFLOP/s by size, interleaved with the models: {sizes}; "
+                    f"measured peak {peaks['measured'] / 1e12:.3f}{raised}"]
     if result.get("generation"):
         rows = [[name, f"{r['seconds']:.3f}", f"{r['tokens_per_s']:,.0f}"] for name, r in result["generation"].items()]
         out += ["", _table(["generation (greedy)", "s/batch", "new tokens/s"], rows)]

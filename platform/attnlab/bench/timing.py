@@ -8,10 +8,7 @@ from typing import Callable
 
 import torch
 
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from attnlab.training.flops import synchronize
 
 
 def interleaved_medians(steps: dict[str, Callable[[], None]], warmup: int, rounds: int,

@@ -32,10 +32,17 @@ def flex_attention_for(q: torch.Tensor):
 
 
 def math_attention(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
-    """Explicit softmax(q·kᵀ/√d + mask)·v; returns the output and the weights (B, H, Lq, Lk)."""
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    """Explicit softmax(q·kᵀ/√d + mask)·v; returns the output and the weights (B, H, Lq, Lk).
+
+    Grouped keys and values (k, v with H_kv < H heads; head h reads KV head h // (H / H_kv), as
+    repeat_interleave would give it) are never repeated: each group's queries are stacked along
+    the query axis, so one matmul per KV head serves the whole group.
+    """
+    b, n_heads, n_q, d = q.shape
+    n_kv, n_k = k.shape[1], k.shape[2]
+    grouped = q.reshape(b, n_kv, n_heads // n_kv * n_q, d)
+    scores = (grouped @ k.transpose(-2, -1)).view(b, n_heads, n_q, n_k) / math.sqrt(d)
     if is_causal and mask is None:  # as in sdpa, an explicit mask wins
-        n_q, n_k = scores.shape[-2:]
         causal = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
         scores = scores.masked_fill(~causal, float("-inf"))
     if mask is not None:
@@ -43,7 +50,8 @@ def math_attention(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
     weights = scores.softmax(dim=-1)
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
-    return weights @ v, weights
+    out = weights.view(b, n_kv, -1, n_k) @ v
+    return out.view(b, n_heads, n_q, v.shape[-1]), weights
 
 
 class MultiHeadAttention(nn.Module):
@@ -127,18 +135,17 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v)
         if rotary is not None:
             q = apply_rotary(q, rotary)
-        if self.n_kv_heads != self.n_heads:
-            repeat = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        grouped = self.n_kv_heads != self.n_heads  # GQA: kernels read each KV head once per group
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if isinstance(mask, BlockMask):  # block diffusion on GPU; the model falls back to dense masks otherwise
-            out = flex_attention_for(q)(q, k, v, block_mask=mask)
+            out = flex_attention_for(q)(q, k, v, block_mask=mask, enable_gqa=grouped)
         elif self.backend == "math" or need_weights:
             out, weights = math_attention(q, k, v, mask, is_causal, dropout_p)
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal and mask is None
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal and mask is None,
+                enable_gqa=grouped,
             )
         if self.heads_masked:
             out = out * self.head_mask[None, :, None, None].to(out.dtype)

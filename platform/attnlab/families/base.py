@@ -7,6 +7,7 @@ evaluation loop (`EvaluationSteps`) come from here and use nothing else of the f
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, replace
@@ -22,6 +23,8 @@ from attnlab.families.metrics import EvalMetrics
 from attnlab.families.optim import OptimizerConfig, build_optimizer
 from attnlab.generation import SamplingConfig
 from attnlab.models.losses import LossTerms
+from attnlab.training.flops import FlopCounter
+from attnlab.training.mfu import MFU
 from data_modules.batch import Example, SpecialIds, collate
 
 
@@ -115,7 +118,14 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         return torch.full_like(source_length, configured) if torch.is_tensor(source_length) else configured
 
     # ---- training ----------------------------------------------------------------------------------
+    @functools.cached_property
+    def flop_counter(self) -> FlopCounter:
+        """Counts each training step's FLOPs (for train/mfu); built from the layer shapes before a
+        strategy wraps or shards them (`setup` touches it)."""
+        return FlopCounter(self.family, self.model, self.vocab_size)
+
     def setup(self, stage: str) -> None:
+        self.flop_counter  # noqa: B018 (before FSDP shards the weights it counts)
         self.compile_stacks()
         try:
             datamodule = getattr(self.trainer, "datamodule", None)
@@ -171,6 +181,9 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         total = int(self.trainer.estimated_stepping_batches) if self.optim.schedule == "cosine" else 0
         return build_optimizer(self, self.optim, total, self.backbone.d_model)
 
+    def on_train_start(self) -> None:
+        self._mfu = MFU.for_device(self.device, str(self.trainer.precision))
+
     def on_train_batch_start(self, batch, batch_idx):
         self._step_started = time.perf_counter()
 
@@ -187,13 +200,18 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             logged = totals[0] / totals[1].clamp(min=1)
         else:
             loss = logged = loss_sum / n_targets.clamp(min=1)
-        self._step_tokens = terms.inputs
+        self._step_tokens, self._step_flops = terms.inputs, terms.flops
         self.log("train/loss", logged, prog_bar=True, batch_size=len(batch["target"]))
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        seconds = time.perf_counter() - self._step_started
-        self.log("train/tokens_per_s", self._step_tokens / max(seconds, 1e-9), batch_size=1)
+        """Throughput of this rank's step: train/tokens_per_s, train/tflops and train/mfu
+        (= tokens/s × FLOPs per token / the device's peak)."""
+        seconds = max(time.perf_counter() - self._step_started, 1e-9)
+        flops_per_s = self._step_flops / seconds
+        self.log("train/tokens_per_s", self._step_tokens / seconds, batch_size=1)
+        self.log("train/tflops", flops_per_s / 1e12, batch_size=1)
+        self.log("train/mfu", self._mfu(flops_per_s), batch_size=1)
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -121,6 +121,7 @@ class BlockDiffusion(FamilyModule):
         logits = self.model.logits(hidden[masked]).float()
         smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
         weight = 1.0 / t_token[masked]
+        self.last_flops = self.flop_counter.step(len(target), noisy.shape[1] + frame.clean.shape[1], len(logits))
         return row_sums(masked.nonzero()[:, 0], len(target), smoothed * weight, nll * weight)
 
     def _eval_seeds(self, batch) -> list[int] | None:
@@ -132,7 +133,7 @@ class BlockDiffusion(FamilyModule):
         low, high = self.train_noise.tolist() if self.training else (self.eval_noise_floor, 1.0)
         loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device), seeds=self._eval_seeds(batch))
         n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
-        return LossTerms(loss, nll, frame.n_targets, n_inputs)
+        return LossTerms(loss, nll, frame.n_targets, n_inputs, self.last_flops)
 
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:

@@ -28,7 +28,8 @@ class DecoderOnly(FamilyModule):
         # Project only labelled positions: the prompt needs no output distribution.
         logits = self.model.stack.embedding.logits(hidden[labelled])
         loss, nll = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing, labelled)
-        return LossTerms(loss, nll, labelled.sum(1), int((tokens != ids.pad).sum()))
+        flops = self.flop_counter.step(*tokens.shape, projected=len(logits))
+        return LossTerms(loss, nll, labelled.sum(1), int((tokens != ids.pad).sum()), flops)
 
     def positions_needed(self, source_length: int, target_length: int) -> int:
         if source_length == 0:  # plain LM: [bos] target, no generation

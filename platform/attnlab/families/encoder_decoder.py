@@ -42,7 +42,8 @@ class EncoderDecoder(FamilyModule):
         logits = self.model.logits(hidden[labelled])
         loss, nll = target_losses(logits.float(), labels[labelled], self.optim.label_smoothing, labelled)
         n_inputs = int(source_valid.sum()) + int((decoder_in != self.special.pad).sum())
-        return LossTerms(loss, nll, labelled.sum(1), n_inputs)
+        flops = self.flop_counter.step(*decoder_in.shape, projected=len(logits), source_length=source.shape[1])
+        return LossTerms(loss, nll, labelled.sum(1), n_inputs, flops)
 
     def positions_needed(self, source_length: int, target_length: int) -> int:
         return max(source_length + 1, target_length + 1, self.max_output_length(source_length))

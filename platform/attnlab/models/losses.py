@@ -12,12 +12,14 @@ import torch
 
 class LossTerms(NamedTuple):
     """loss: training objective sums (B,); nll: negative log-likelihood sums in nats (B,) (a bound
-    for block diffusion); targets: target tokens per row (B,); inputs: tokens fed to the model."""
+    for block diffusion); targets: target tokens per row (B,); inputs: tokens fed to the model;
+    flops: training FLOPs of the batch (attnlab.training.flops.FlopCounter), for train/mfu."""
 
     loss: torch.Tensor
     nll: torch.Tensor
     targets: torch.Tensor
     inputs: int
+    flops: float = 0.0
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, excluded: int | None = None):

@@ -1,0 +1,134 @@
+"""Analytic training FLOPs of each family, and the peak matmul rate they are divided by (MFU).
+
+The bench divides FLOPs per token by it, and training logs train/mfu from `FlopCounter`
+(used by both, so the two cannot drift apart).
+
+Matmuls only (norms, softmax and embeddings lookups are noise next to them); a training step
+costs 3x the forward (backward = 2x). Attention is counted dense, as nanoGPT and PaLM do:
+causal or block masks do not halve it.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+# Dense (no sparsity) peak FLOP/s from the vendors' data sheets, by a substring of
+# torch.cuda.get_device_name(). bf16 on tensor cores; fp32 without TF32.
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp32": 67e12},
+    "H100 PCIe": {"bf16": 756e12, "fp32": 51e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},  # SXM
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
+    "L4": {"bf16": 121e12, "fp32": 30.3e12},
+    "A10G": {"bf16": 70e12, "fp32": 31.2e12},
+    "RTX 4090": {"bf16": 165e12, "fp32": 82.6e12},
+    "V100": {"bf16": 0.0, "fp32": 15.7e12},  # no bf16 tensor cores
+}
+
+
+def table_peak(device: torch.device, precision: str) -> float | None:
+    """The data-sheet peak of a known GPU (None for CPUs and unknown GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in PEAK_FLOPS.items():  # ordered: "H100 PCIe" before "H100"
+        if key in name:
+            half = precision.startswith("bf16") or precision.startswith("16")
+            return peaks["bf16" if half else "fp32"] or None
+    return None
+
+
+# Square matmul sizes the peak is measured at: the best of them is the peak, as no one size is
+# fastest on every machine (a 1024² matmul on 2 CPU cores ran slower than the model steps it
+# was divided by, which printed MFU above 100 %).
+PEAK_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (4096, 8192, 16384)}
+
+
+def matmul_step(size: int, device: torch.device, dtype: torch.dtype):
+    """One size² × size² matmul as a callable, and the FLOPs it does (for interleaved timing)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    return (lambda: a @ b), 2 * size**3
+
+
+def measured_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
+                  repeats: int = 5) -> float:
+    """FLOP/s of the fastest of several square matmuls on this device (best of `repeats` calls
+    each): what the hardware gives our kernels, the denominator of MFU where no data sheet is."""
+    best = 0.0
+    for size in sizes or PEAK_SIZES.get(device.type, PEAK_SIZES["cuda"]):
+        step, flops = matmul_step(size, device, dtype)
+        step()  # warm-up (kernel selection, allocation)
+        for _ in range(repeats):
+            synchronize(device)
+            started = time.perf_counter()
+            step()
+            synchronize(device)
+            best = max(best, flops / (time.perf_counter() - started))
+    return best
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def linear_params(module: nn.Module) -> int:
+    """Weights of the Linear layers inside `module` (the matmul parameters)."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def cross_kv_params(stack: nn.Module) -> int:
+    """Cross-attention key/value projection weights: they run on source tokens, not target ones."""
+    return sum(attn.kv_proj.weight.numel() for attn in stack.attention_modules("cross"))
+
+
+class FlopCounter:
+    """Training FLOPs (forward + backward) of one padded batch of a family's model.
+
+    Per position through the layers 6·N (N: their matmul weights); per query-key pair 12·d per
+    layer (scores and values, dense: masks do not halve it); per position reaching the output
+    projection 6·V·d. encoder_decoder: the encoder runs on the source, and the cross-attention
+    key/value projections too; block_diffusion's layers see x_t ⊕ x_0 as one sequence.
+    Counted on the padded shapes the kernels run on, so it equals torch's FlopCounterMode.
+    """
+
+    def __init__(self, family: str, model: nn.Module, vocab: int):
+        if family not in ("decoder_only", "block_diffusion", "encoder_decoder"):
+            raise ValueError(f"unknown family {family!r}")
+        self.family = family
+        decoder = model.decoder if family == "encoder_decoder" else model.stack
+        self.d, self.vocab = decoder.cfg.d_model, vocab
+        self.decoder_layers, self.decoder_params = len(decoder.layers), linear_params(decoder.layers)
+        self.cross_kv_params = cross_kv_params(decoder) if family == "encoder_decoder" else 0
+        encoder = model.encoder if family == "encoder_decoder" else None
+        self.encoder_layers = len(encoder.layers) if encoder is not None else 0
+        self.encoder_params = linear_params(encoder.layers) if encoder is not None else 0
+
+    def step(self, rows: int, length: int, projected: int, source_length: int = 0) -> float:
+        """rows × length positions through the (decoder) layers, `projected` of them through the
+        output projection; `source_length`: the encoder's padded source (encoder_decoder)."""
+        d, source = self.d, source_length
+        flops = (6 * (self.decoder_params - self.cross_kv_params) * length
+                 + 12 * self.decoder_layers * d * length * (length + source))
+        flops += (6 * self.encoder_params + 6 * self.cross_kv_params) * source
+        flops += 12 * self.encoder_layers * d * source * source
+        return rows * flops + 6 * self.vocab * d * projected
+
+
+def family_flops_per_token(family: str, model: nn.Module, vocab: int, source_len: int, target_len: int,
+                           masked_fraction: float = 0.5) -> float:
+    """Training FLOPs per target (sequence) token of one of the platform's models.
+
+    encoder_decoder: encoder work is spread over the target tokens; block_diffusion: the layers
+    see x_t ⊕ x_0 (2T tokens) and only the masked fraction reaches the output projection;
+    decoder_only: every position is projected (the bench's shapes have no prompt).
+    """
+    counter = FlopCounter(family, model, vocab)
+    if family == "block_diffusion":
+        return counter.step(1, 2 * target_len, masked_fraction * target_len) / target_len
+    source = source_len if family == "encoder_decoder" else 0
+    return counter.step(1, target_len, target_len, source) / target_len

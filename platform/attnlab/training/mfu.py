@@ -1,0 +1,52 @@
+"""Model FLOPs utilisation while training: how far a run is from what its hardware can do.
+
+The peak is the data sheet's on a known GPU and a measured one elsewhere (the best of a few
+square matmuls: a CPU has no data sheet we can trust). Lightning's ThroughputMonitor would
+need FLOPs per batch as a callback argument and a data-sheet peak, which CPUs lack; the family
+already knows its FLOPs per step (`LossTerms.flops`), so the module logs MFU itself.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from attnlab.training.flops import measured_peak, table_peak
+
+# Smaller than the bench's sizes: measured once per fit, it should cost about a second.
+FIT_PEAK_SIZES = {"cpu": (256, 512, 1024)}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of a Lightning precision string ("bf16-mixed", "16-true", "32", ...)."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    return torch.float16 if precision.startswith("16") else torch.float32
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(device: torch.device, dtype: torch.dtype) -> float:
+    return measured_peak(device, dtype, FIT_PEAK_SIZES.get(device.type))
+
+
+class MFU:
+    """FLOP/s → fraction of the device's peak, never above 1: a step faster than the measured
+    peak (a lucky matmul size, turbo) raises the peak to its own rate, with one warning."""
+
+    def __init__(self, peak: float, source: str):
+        self.peak, self.source = peak, source
+
+    @classmethod
+    def for_device(cls, device: torch.device, precision: str) -> "MFU":
+        table = table_peak(device, precision)
+        if table:
+            return cls(table, "data sheet")
+        return cls(_measured(device, precision_dtype(precision)), "measured")
+
+    def __call__(self, flops_per_s: float) -> float:
+        if flops_per_s > self.peak:
+            warnings.warn(f"a training step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the {self.source} "
+                          f"peak of {self.peak / 1e12:.3f}: train/mfu now divides by the step's rate")
+            self.peak, self.source = flops_per_s, "fastest step"
+        return flops_per_s / self.peak

@@ -1,0 +1,94 @@
+"""train/mfu: each step's FLOPs equal torch's own count, and MFU = tokens/s × FLOPs per token / peak."""
+import lightning as L
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnlab.bench.contenders import Options, platform_module
+from attnlab.bench.shapes import BenchShape
+from attnlab.training import mfu as mfu_module
+from attnlab.training.mfu import MFU
+from data_modules.batch import Example, collate
+
+TINY = BenchShape(vocab=97, d_model=32, n_layers=2, n_heads=4, d_ff=64, batch=3, seq_len=24,
+                  ed_layers=2, ed_batch=3, ed_len=16, gen_batch=2, gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
+FAMILIES = ["decoder_only", "encoder_decoder", "block_diffusion"]
+
+
+def math_module(family: str):
+    """The explicit-softmax backend: torch's counter sees attention as plain matmuls."""
+    module = platform_module(family, TINY, Options(torch.device("cpu"), fused_qkv=True))
+    for stack in module.attention_stacks().values():
+        for kind in ("self", "cross"):
+            for attention in stack.attention_modules(kind):
+                attention.backend = "math"
+    return module
+
+
+def padded_batch(module, seed: int = 0) -> dict:
+    """Rows of different source and target lengths, so the batch is padded."""
+    generator = torch.Generator().manual_seed(seed)
+    examples = []
+    for source_len, target_len in [(5, 9), (11, 4), (8, 13)]:
+        source = torch.randint(6, TINY.vocab, (source_len,), generator=generator).tolist()
+        target = torch.randint(6, TINY.vocab, (target_len,), generator=generator).tolist()
+        examples.append(Example(source, target, "", ""))
+    return collate(examples, module.special.pad)
+
+
+def counted(module, batch) -> tuple[int, object]:
+    with FlopCounterMode(display=False) as counter:
+        terms = module.loss_terms(batch)
+        (terms.loss.sum() / terms.targets.sum()).backward()
+    return counter.get_total_flops(), terms
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_step_flops_equal_torchs_flop_counter_on_a_padded_batch(family):
+    module = math_module(family).train()
+    if family == "block_diffusion":
+        module.train_noise.copy_(torch.tensor([0.3, 0.8]))  # some target tokens masked, some not
+    flops, terms = counted(module, padded_batch(module))
+    assert terms.flops == flops
+
+
+class LastBatch(L.Callback):
+    """Keeps the last training batch, so the test can count its FLOPs itself."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch = batch
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_fit_logs_train_mfu_as_tokens_per_s_times_flops_per_token_over_the_peak(family, monkeypatch, tmp_path):
+    peak = 5e13  # far above a CPU's rate, so MFU is not capped
+    monkeypatch.setattr(mfu_module, "_measured", lambda device, dtype: peak)
+    module = math_module(family)
+    batches = [padded_batch(module, seed) for seed in range(3)]
+    last = LastBatch()
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[last],
+                        default_root_dir=tmp_path)
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    metrics = trainer.callback_metrics
+    torch.manual_seed(0)
+    flops, terms = counted(module.train(), last.batch)
+    flops_per_token = flops / terms.inputs
+    expected = metrics["train/tokens_per_s"].item() * flops_per_token
+    assert metrics["train/tflops"].item() * 1e12 == pytest.approx(expected, rel=1e-5)
+    assert metrics["train/mfu"].item() == pytest.approx(expected / peak, rel=1e-5)
+    assert 0 < metrics["train/mfu"].item() < 1
+
+
+def test_mfu_is_never_above_one():
+    mfu = MFU(peak=1e12, source="measured")
+    assert mfu(5e11) == 0.5
+    with pytest.warns(UserWarning, match="above the measured peak"):
+        assert mfu(2e12) == 1.0
+    assert mfu(1e12) == 0.5  # the faster step is the peak from then on
+
+
+def test_a_known_gpu_divides_by_its_data_sheet(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert MFU.for_device(torch.device("cuda", 0), "bf16-mixed").peak == 989e12
+    assert MFU.for_device(torch.device("cuda", 0), "32-true").peak == 67e12
