@@ -209,7 +209,8 @@ class TokenizedDataModule(L.LightningDataModule):
         )
 
     def _eval_loader(self, examples: list[Example], generator: torch.Generator) -> DataLoader:
-        """In split order, with each example's index; shared exactly between distributed ranks."""
+        """Longest sources first (`IndexedExamples`), with each example's index; shared exactly
+        between distributed ranks."""
         dataset = IndexedExamples(examples)
         world, rank = distributed_world()
         sampler = EvenShareSampler(dataset, world, rank) if world > 1 else None

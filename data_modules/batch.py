@@ -66,18 +66,26 @@ def collate(examples: list[Example], pad_id: int) -> dict:
 
 
 class IndexedExamples:
-    """A split for evaluation: item i is (i mod n, i < n, example), so a sampler may ask for
-    i >= n to pad a rank's share with a repeat that is marked as not counted."""
+    """A split for evaluation, longest sources first: item i is (index, i < n, example), the
+    example in place i mod n of that order and its index in the split. A sampler may ask for
+    i >= n to pad a rank's share with a repeat that is marked as not counted.
+
+    Sorted by source then target length (ties in split order), so a batch holds examples of
+    similar length and generation (beam search above all) does not pay for padding; longest
+    first, so a batch too big for memory fails at once. Corpus metrics do not depend on the
+    order, and records and predictions are put back in split order by index.
+    """
 
     def __init__(self, examples: list[Example]):
         self.examples = examples
+        self.order = sorted(range(len(examples)), key=lambda i: (-len(examples[i].source), -len(examples[i].target), i))
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, i: int) -> tuple[int, bool, Example]:
-        n = len(self.examples)
-        return i % n, i < n, self.examples[i % n]
+        index = self.order[i % len(self.examples)]
+        return index, i < len(self.examples), self.examples[index]
 
 
 def collate_indexed(items: list[tuple[int, bool, Example]], pad_id: int) -> dict:

@@ -27,14 +27,31 @@ def _isolated_cache(cache_dir, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(cache_dir))
 
 
-def check_batch(batch: dict, examples: list[Example], tokenizer, exact_text: bool = True, start: int | None = None) -> None:
+def evaluation_order(split: list[Example]) -> list[int]:
+    """The order evaluation loaders promise: longest source first, then longest target, ties in
+    split order (a plain sort, written independently of data_modules.batch)."""
+    by_length = {}
+    for i, e in enumerate(split):
+        by_length.setdefault((len(e.source), len(e.target)), []).append(i)
+    return [i for key in sorted(by_length, reverse=True) for i in by_length[key]]
+
+
+def check_eval_batch(batch: dict, split: list[Example], tokenizer, first: int, exact_text: bool = True) -> None:
+    """An evaluation batch (one process): rows `first`, `first + 1`, ... of the split in evaluation
+    order, each with its split index and counted."""
+    order = evaluation_order(split)[first : first + len(batch["target_text"])]
+    check_batch(batch, [split[i] for i in order], tokenizer, exact_text, index=order)
+
+
+def check_batch(batch: dict, examples: list[Example], tokenizer, exact_text: bool = True,
+                index: list[int] | None = None) -> None:
     """A batch follows the schema of data_modules/batch.py and matches its examples; an evaluation
-    batch (`start`: the split position of its first example) also carries index and counted."""
+    batch (`index`: the split index of each example) also carries index and counted."""
     keys = {"source", "source_lengths", "target", "target_lengths", "source_text", "target_text"}
-    assert set(batch) == (keys if start is None else keys | {"index", "counted"})
+    assert set(batch) == (keys if index is None else keys | {"index", "counted"})
     n = len(examples)
-    if start is not None:  # one process: split order, every row counted
-        assert batch["index"].tolist() == list(range(start, start + n))
+    if index is not None:  # one process: every row counted
+        assert batch["index"].tolist() == index
         assert batch["counted"].dtype == torch.bool and batch["counted"].all()
     for side in ("source", "target"):
         ids, lengths = batch[side], batch[f"{side}_lengths"]
@@ -118,7 +135,9 @@ def test_number_words_defaults_give_20k_distinct_pairs_and_a_working_tokenizer()
     assert len({(e.source_text, e.target_text) for e in train}) == len(train) == 20000
     assert [len(dm.examples(s)) for s in ("val", "test")] == [1000, 1000]
     assert 6 + 256 < dm.vocab_size <= 400 == dm.requested_vocab_size
-    check_batch(next(iter(dm.val_dataloader())), dm.examples("val")[:256], dm.tokenizer, start=0)
+    batch = next(iter(dm.val_dataloader()))
+    assert len(batch["target_text"]) == 256
+    check_eval_batch(batch, dm.examples("val"), dm.tokenizer, first=0)
 
 
 @pytest.mark.parametrize(
@@ -155,10 +174,11 @@ def test_loaders_follow_the_schema_and_drop_nothing(small):
     check_batch(train[0], [by_text[t] for t in train[0]["target_text"]], small.tokenizer)
     val = list(small.val_dataloader())
     assert [len(b["target_text"]) for b in val] == [40, 10]  # max_eval_examples caps val ...
-    check_batch(val[0], small.examples("val")[:40], small.tokenizer, start=0)
-    check_batch(val[1], small.examples("val")[40:], small.tokenizer, start=40)
+    check_eval_batch(val[0], small.examples("val"), small.tokenizer, first=0)
+    check_eval_batch(val[1], small.examples("val"), small.tokenizer, first=40)
     assert len(small.examples("test")) == 50  # ... and test, but not train
-    assert list(small.predict_dataloader())[0]["target_text"] == [e.target_text for e in small.examples("test")[:40]]
+    test = small.examples("test")
+    assert list(small.predict_dataloader())[0]["target_text"] == [test[i].target_text for i in evaluation_order(test)[:40]]
 
 
 def test_train_order_follows_lightnings_seed(small):
@@ -182,7 +202,8 @@ def test_setup_is_idempotent_and_vocab_is_ready_after_init(cache_dir, monkeypatc
     assert dm.special_ids == SpecialIds()
     with pytest.raises(ConfigError, match="no test split.*n_test"):
         dm.test_dataloader()
-    assert list(dm.predict_dataloader())[0]["target_text"] == [e.target_text for e in dm.examples("val")]
+    val = dm.examples("val")
+    assert list(dm.predict_dataloader())[0]["target_text"] == [val[i].target_text for i in evaluation_order(val)]
     with pytest.raises(ValueError, match="unknown split"):
         dm.examples("dev")
 
@@ -198,7 +219,8 @@ def test_data_module_and_loader_pieces_pickle(small):
 
 def test_worker_processes_yield_the_same_batches(cache_dir):
     dm = NumberWordsDataModule(n_train=300, n_val=20, n_test=0, num_workers=1)
-    assert [b["target_text"] for b in dm.val_dataloader()] == [[e.target_text for e in dm.examples("val")]]
+    val = dm.examples("val")
+    assert [b["target_text"] for b in dm.val_dataloader()] == [[val[i].target_text for i in evaluation_order(val)]]
 
 
 @pytest.mark.parametrize(
@@ -255,7 +277,7 @@ def test_text_chunks_are_the_eos_joined_stream(text_files):
     for e in train:
         assert e.target_text.count("\n") == e.target.count(eos) and e.target_text in full
     batch = next(iter(dm.val_dataloader()))
-    check_batch(batch, dm.examples("val")[: len(batch["target_text"])], tok, exact_text=False, start=0)
+    check_eval_batch(batch, dm.examples("val"), tok, first=0, exact_text=False)
 
 
 def test_text_prompt_splits_each_chunk(text_files):
@@ -266,7 +288,7 @@ def test_text_prompt_splits_each_chunk(text_files):
         assert (s.source, s.target) == (w.target[:5], w.target[5:])
     batch = next(iter(make_text(text_files, seq_len=16, prompt_len=5, eval_batch_size=7).val_dataloader()))
     assert batch["source"].shape == (7, 5) and batch["target"].shape == (7, 11)
-    check_batch(batch, split[:7], None, exact_text=False, start=0)
+    check_eval_batch(batch, split, None, first=0, exact_text=False)
 
 
 @pytest.mark.parametrize(

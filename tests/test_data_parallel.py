@@ -56,11 +56,13 @@ def test_parallel_reads_gz_and_plain_files_and_batches_follow_the_schema(tmp_pat
     assert [(e.source_text, e.target_text) for e in train] == list(zip(EN[40:], DE[40:]))
     assert [(e.source_text, e.target_text) for e in val] == list(zip(EN[:40], DE[:40]))
     batch = next(iter(dm.val_dataloader()))
+    rows = batch["index"].tolist()  # the longest sources first, see test_data_modules
     assert batch["source"].shape == (16, int(batch["source_lengths"].max()))
-    assert batch["source_lengths"].tolist() == [len(e.source) for e in val[:16]]
-    assert (batch["target"][batch["target"] != SpecialIds().pad].numel() == sum(len(e.target) for e in val[:16]))
-    assert dm.tokenizer.decode_batch(batch["source"]) == EN[:16]
-    assert dm.tokenizer.decode_batch(batch["target"]) == batch["target_text"] == DE[:16]
+    assert batch["source_lengths"].tolist() == [len(val[i].source) for i in rows]
+    assert batch["source_lengths"].tolist() == sorted(batch["source_lengths"].tolist(), reverse=True)
+    assert (batch["target"][batch["target"] != SpecialIds().pad].numel() == sum(len(val[i].target) for i in rows))
+    assert dm.tokenizer.decode_batch(batch["source"]) == [EN[i] for i in rows]
+    assert dm.tokenizer.decode_batch(batch["target"]) == batch["target_text"] == [DE[i] for i in rows]
     with pytest.raises(ConfigError, match="no test split.*test_source.*test_target"):
         dm.test_dataloader()
 
@@ -197,4 +199,6 @@ def test_multi30k_from_the_shared_folder(no_network):
         assert dm.tokenizer.decode_batch([getattr(e, side) for e in test]) == [getattr(e, f"{side}_text") for e in test]
     batch = next(iter(dm.test_dataloader()))
     assert batch["target"].shape == (100, int(batch["target_lengths"].max()))
-    assert batch["target_text"] == [e.target_text for e in test[:100]]
+    assert batch["target_text"] == [test[i].target_text for i in batch["index"].tolist()]
+    longest = max(len(e.source) for e in test)
+    assert int(batch["source_lengths"][0]) == longest  # evaluation batches come longest source first
