@@ -17,7 +17,7 @@ from attnlab.bench.shapes import BenchShape
 from conftest import run_process
 
 TINY = BenchShape(vocab=97, d_model=32, n_layers=2, n_heads=4, d_ff=64, batch=3, seq_len=24,
-                  ed_layers=2, ed_batch=3, ed_len=16, gen_batch=2, gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
+                  ed_layers=2, ed_batch=3, ed_len=16, gen_batches=(2,), gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
 CPU = Options(torch.device("cpu"), fused_qkv=True)
 
 
@@ -92,8 +92,12 @@ def test_targets_are_judged_from_the_measured_rows():
         "training": {"decoder_only": {"tokens_per_s": 300.0}, "hf_gpt2": {"tokens_per_s": 100.0},
                      "block_diffusion": {"tokens_per_s": 120.0}},
         "memory": {"sdpa": {4096: 100, 8192: 250}},
+        "generation": {"1": {"decoder_only_compiled": {"tokens_per_s": 210.0}, "hf_generate": {"tokens_per_s": 100.0}},
+                       "16": {"decoder_only_compiled": {"tokens_per_s": 10.0}, "hf_generate": {"tokens_per_s": 100.0}}},
     }
     checks = {c["what"]: c for c in check_targets(result)}
+    generation = checks["DecoderOnly compiled generation vs HF generate, batch 1"]  # batch 1's rows, not 16's
+    assert generation["ratio"] == pytest.approx(2.1) and generation["holds"] is True
     assert checks["DecoderOnly training vs HF GPT2LMHeadModel"]["ratio"] == pytest.approx(3.0)
     assert checks["DecoderOnly training vs HF GPT2LMHeadModel"]["holds"] is True
     assert checks["BlockDiffusion training vs DecoderOnly"]["holds"] is False  # 0.4 < 0.45
@@ -105,7 +109,7 @@ def test_targets_are_judged_from_the_measured_rows():
 def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     out = tmp_path / "bench.json"
     shape = ["--set", "vocab=97", "d_model=32", "n_layers=2", "n_heads=4", "d_ff=64", "ed_batch=2", "ed_len=8",
-             "gen_batch=2", "gen_prompt=4", "gen_new=5", "memory_lengths=64,128", "memory_math_max=64"]
+             "gen_batches=1,2", "gen_prompt=4", "gen_new=5", "memory_lengths=64,128", "memory_math_max=64"]
     result = run_process(["bench", "--batch", "2", "--seq-len", "16", "--rounds", "1", "--warmup", "0", "--no-hf",
                           "--device", "cpu", *shape, "-o", out], cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -113,7 +117,10 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     assert set(data["training"]) == {"decoder_only", "block_diffusion", "encoder_decoder", "torch_transformer"}
     assert data["training"]["decoder_only"]["tokens_per_step"] == 2 * 16
     assert data["training"]["encoder_decoder"]["tokens_per_step"] == 2 * 8
-    assert set(data["generation"]) == {"decoder_only", "block_diffusion", "encoder_decoder", "torch_transformer"}
+    assert set(data["generation"]) == {"1", "2"}
+    families = {"decoder_only", "block_diffusion", "encoder_decoder", "encoder_decoder_beam"}
+    assert set(data["generation"]["1"]) == families | {f + "_compiled" for f in families} | {"torch_transformer"}
+    assert "torch_transformer" in data["generation"]["2"]
     assert set(data["memory"]["sdpa"]) == {"64", "128"} and set(data["memory"]["math"]) == {"64"}
     ratio = {c["what"]: c["ratio"] for c in data["targets"]}["BlockDiffusion training vs DecoderOnly"]
     rows = data["training"]

@@ -11,7 +11,7 @@ from attnlab.training.mfu import MFU
 from data_modules.batch import Example, collate
 
 TINY = BenchShape(vocab=97, d_model=32, n_layers=2, n_heads=4, d_ff=64, batch=3, seq_len=24,
-                  ed_layers=2, ed_batch=3, ed_len=16, gen_batch=2, gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
+                  ed_layers=2, ed_batch=3, ed_len=16, gen_batches=(2,), gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
 FAMILIES = ["decoder_only", "encoder_decoder", "block_diffusion"]
 
 

@@ -16,7 +16,7 @@ from attnlab.families import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import sample_blocks
 from attnlab.generation.decoder_only import generate
-from attnlab.generation.encoder_decoder import translate_greedy
+from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from data_modules.batch import SpecialIds
 
 SPECIAL = SpecialIds()
@@ -150,19 +150,23 @@ def training_steps(shape: BenchShape, options: Options, families: list[str], ref
     return steps, tokens, modules
 
 
-def generation_steps(shape: BenchShape, options: Options, modules: dict, references: bool, hf: bool):
-    """{name: step} greedy generation of gen_new tokens after gen_prompt tokens, batch gen_batch."""
+def generation_steps(shape: BenchShape, options: Options, modules: dict, references: bool, hf: bool, batch: int):
+    """{name: step} greedy generation (and the encoder-decoder's beam search) of gen_new tokens
+    after gen_prompt tokens for `batch` rows: each family eagerly and with its decode step
+    compiled over a fixed-capacity cache (`_compiled` rows; the same tokens), and the references."""
     generator = torch.Generator().manual_seed(1)
     device, new = options.device, shape.gen_new
-    prompts = random_pieces(shape.gen_batch, shape.gen_prompt, shape.vocab, device, generator)
+    prompts = random_pieces(batch, shape.gen_prompt, shape.vocab, device, generator)
     prompt_lists = prompts.tolist()
     greedy = SamplingConfig()
     steps = {}
     for module in modules.values():
         module.eval()
     if "decoder_only" in modules:
-        steps["decoder_only"] = partial(generate, modules["decoder_only"].model, prompt_lists, max_new_tokens=new,
-                                        eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy)
+        for suffix, compiled in (("", False), ("_compiled", True)):
+            steps["decoder_only" + suffix] = partial(
+                generate, modules["decoder_only"].model, prompt_lists, max_new_tokens=new, eos_id=NEVER,
+                pad_id=SPECIAL.pad, sampling=greedy, compiled=compiled)
         if references and hf:
             gpt2 = hf_gpt2(shape).to(device).eval()
             attention = torch.ones_like(prompts)
@@ -176,22 +180,28 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
             steps["hf_generate"] = hf_generate
     if "block_diffusion" in modules:
         size = shape.block_size
-        steps["block_diffusion"] = partial(sample_blocks, modules["block_diffusion"].model, prompt_lists,
-                                           max_new_tokens=new, block_size=size, steps=size, eos_id=NEVER,
-                                           pad_id=SPECIAL.pad, sampling=greedy)
+        for suffix, compiled in (("", False), ("_compiled", True)):
+            steps["block_diffusion" + suffix] = partial(
+                sample_blocks, modules["block_diffusion"].model, prompt_lists, max_new_tokens=new, block_size=size,
+                steps=size, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy, compiled=compiled)
     if "encoder_decoder" in modules:
         module = modules["encoder_decoder"]
         source = schema_batch(prompts, prompts[:, :1])
-        lengths = torch.full((shape.gen_batch,), new, device=device)
+        lengths = torch.full((batch,), new, device=device)
+        common = dict(max_lengths=lengths, bos_id=SPECIAL.bos, eos_id=NEVER, pad_id=SPECIAL.pad)
 
-        @torch.no_grad()
-        def translate():
-            source_tokens, valid, _, _ = module._frame(source)
-            translate_greedy(module.model, module.model.encode(source_tokens, valid)[0], max_lengths=lengths,
-                             bos_id=SPECIAL.bos, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy)
+        def translate(decode, **kwargs):
+            @torch.no_grad()
+            def run():
+                source_tokens, valid, _, _ = module._frame(source)
+                decode(module.model, module.model.encode(source_tokens, valid)[0], **common, **kwargs)
+            return run
 
-        steps["encoder_decoder"] = translate
-        if references:
+        for suffix, compiled in (("", False), ("_compiled", True)):
+            steps["encoder_decoder" + suffix] = translate(translate_greedy, sampling=greedy, compiled=compiled)
+            steps["encoder_decoder_beam" + suffix] = translate(
+                translate_beam, beam_size=shape.gen_beam, alpha=0.6, compiled=compiled)
+        if references and batch <= shape.reference_max_batch:
             translator = TorchTranslator(shape).to(device).eval()
             steps["torch_transformer"] = partial(translator.greedy, prompts, SPECIAL.bos, new)
     return steps

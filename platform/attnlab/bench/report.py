@@ -6,10 +6,16 @@ TARGETS = [
     ("DecoderOnly training vs HF GPT2LMHeadModel", "decoder_only", "hf_gpt2", "training", 1.5),
     ("EncoderDecoder training vs torch.nn.Transformer", "encoder_decoder", "torch_transformer", "training", 1.2),
     ("BlockDiffusion training vs DecoderOnly", "block_diffusion", "decoder_only", "training", 0.45),
-    ("DecoderOnly KV-cached generation vs HF generate", "decoder_only", "hf_generate", "generation", 2.0),
-    ("EncoderDecoder KV-cached generation vs nn.Transformer (no cache)", "encoder_decoder", "torch_transformer",
-     "generation", None),
-    ("BlockDiffusion generation vs DecoderOnly", "block_diffusion", "decoder_only", "generation", None),
+    ("DecoderOnly compiled generation vs HF generate, batch 1", "decoder_only_compiled", "hf_generate",
+     "generation/1", 2.0),
+    ("DecoderOnly eager generation vs HF generate, batch 1", "decoder_only", "hf_generate", "generation/1", None),
+    ("EncoderDecoder greedy, compiled vs eager, batch 1", "encoder_decoder_compiled", "encoder_decoder",
+     "generation/1", 1.0),
+    ("EncoderDecoder beam, compiled vs eager, batch 1", "encoder_decoder_beam_compiled", "encoder_decoder_beam",
+     "generation/1", 1.0),
+    ("EncoderDecoder KV-cached generation vs nn.Transformer (no cache), batch 1", "encoder_decoder",
+     "torch_transformer", "generation/1", None),
+    ("BlockDiffusion generation vs DecoderOnly, batch 1", "block_diffusion", "decoder_only", "generation/1", None),
 ]
 MEMORY_GROWTH_LIMIT = 2.2  # sdpa peak at 2L over peak at L: linear growth is 2
 
@@ -18,7 +24,9 @@ def check_targets(result: dict) -> list[dict]:
     """Each ratio the run can compute, its target (None: informative only) and whether it holds."""
     checks = []
     for what, top, bottom, section, target in TARGETS:
-        rows = result.get(section, {})
+        rows = result
+        for key in section.split("/"):  # "generation/1": the batch-1 rows
+            rows = rows.get(key, {})
         if top in rows and bottom in rows:
             ratio = rows[top]["tokens_per_s"] / rows[bottom]["tokens_per_s"]
             checks.append({"what": what, "ratio": ratio, "target": target,
@@ -54,8 +62,11 @@ def format_report(result: dict) -> str:
         out += ["", f"peak matmul TFLOP/s by size, interleaved with the models: {sizes}; "
                     f"measured peak {peaks['measured'] / 1e12:.3f}{raised}"]
     if result.get("generation"):
-        rows = [[name, f"{r['seconds']:.3f}", f"{r['tokens_per_s']:,.0f}"] for name, r in result["generation"].items()]
-        out += ["", _table(["generation (greedy)", "s/batch", "new tokens/s"], rows)]
+        batches = list(result["generation"])
+        names = list(dict.fromkeys(name for per in result["generation"].values() for name in per))
+        rows = [[name] + [f"{result['generation'][b][name]['tokens_per_s']:,.0f}" if name in result["generation"][b]
+                          else "-" for b in batches] for name in names]
+        out += ["", _table(["generation, new tokens/s"] + [f"batch {b}" for b in batches], rows)]
     if result.get("memory"):
         lengths = sorted({n for per in result["memory"].values() for n in per}, key=int)  # JSON keys are strings
         rows = [[backend] + [f"{per[n] / 2**20:,.1f}" if n in per else "-" for n in lengths]

@@ -26,6 +26,7 @@ from attnlab.bench.timing import interleaved_medians
 from attnlab.errors import AttnlabError
 
 FAMILIES = ("decoder_only", "encoder_decoder", "block_diffusion")
+LIST_FIELDS = ("memory_lengths", "gen_batches")
 REFERENCE_OF = {"hf_gpt2": "decoder_only", "torch_transformer": "encoder_decoder"}
 
 
@@ -74,11 +75,11 @@ def parse_overrides(items: list[str]) -> dict:
         if name not in known or not value:
             raise AttnlabError(f"--set {item}: expected FIELD=VALUE with FIELD one of {', '.join(known)}")
         try:
-            overrides[name] = tuple(int(v) for v in value.split(",")) if name == "memory_lengths" else int(value)
+            overrides[name] = tuple(int(v) for v in value.split(",")) if name in LIST_FIELDS else int(value)
         except ValueError:
             raise AttnlabError(f"--set {item}: {name} takes an integer" + (
-                " list such as 1024,2048" if name == "memory_lengths" else "")) from None
-        if min(overrides[name] if name == "memory_lengths" else (overrides[name],)) < 1:
+                " list such as 1024,2048" if name in LIST_FIELDS else "")) from None
+        if min(overrides[name] if name in LIST_FIELDS else (overrides[name],)) < 1:
             raise AttnlabError(f"--set {item}: {name} must be positive")
     return overrides
 
@@ -144,14 +145,19 @@ def bench_training(shape, options, args, peaks, say):
 
 
 def bench_generation(shape, options, modules, args, say):
-    steps = generation_steps(shape, options, modules, not args.no_references, not args.no_hf)
-    say(f"generation: {', '.join(steps)} (greedy, {shape.gen_batch} x {shape.gen_new} new tokens)")
-    # Eager for every contender, as attnlab's own evaluation generates: incremental steps with a
-    # growing cache would recompile at nearly every step.
-    with torch.compiler.set_stance("force_eager"):
-        seconds = interleaved_medians(steps, 1, max(3, args.rounds // 2), options.device, say)
-    new_tokens = shape.gen_batch * shape.gen_new
-    return {name: {"seconds": s, "tokens_per_s": new_tokens / s} for name, s in seconds.items()}
+    """New tokens/s of every contender at each batch size of `gen_batches` (keys: the batch size)."""
+    results = {}
+    for batch in shape.gen_batches:
+        steps = generation_steps(shape, options, modules, not args.no_references, not args.no_hf, batch)
+        say(f"generation at batch {batch}: {', '.join(steps)} ({shape.gen_new} new tokens per row)")
+        # Stacks compiled for training (--compile) run eagerly here, as attnlab's evaluation runs
+        # them; the `_compiled` rows compile their own decode step (compiled_step.py). Warm-up:
+        # one call each, which is where the decode steps compile.
+        with torch.compiler.set_stance("force_eager"):
+            seconds = interleaved_medians(steps, 1, max(3, args.rounds // 2), options.device, say)
+        new_tokens = batch * shape.gen_new
+        results[str(batch)] = {name: {"seconds": s, "tokens_per_s": new_tokens / s} for name, s in seconds.items()}
+    return results
 
 
 def bench_memory(shape, options, dtype, say):

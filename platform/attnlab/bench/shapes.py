@@ -18,7 +18,11 @@ class BenchShape:
     ed_batch: int = 64
     ed_len: int = 64  # source and target tokens per row (with eos / bos)
     block_size: int = 4
-    gen_batch: int = 1  # single-stream decoding: where per-step overhead, not matmuls, decides
+    # Batch 1 is single-stream decoding, where per-step overhead, not matmuls, decides; 256 is an
+    # evaluation batch, where the matmuls do.
+    gen_batches: tuple[int, ...] = (1, 16, 256)
+    gen_beam: int = 4  # the beam of the encoder-decoder's beam-search rows
+    reference_max_batch: int = 16  # nn.Transformer (no cache) re-decodes every prefix: not beyond this
     gen_prompt: int = 32
     gen_new: int = 128
     memory_lengths: tuple[int, ...] = (1024, 2048, 4096, 8192)
@@ -29,7 +33,7 @@ SIZES = {
     "cpu": BenchShape(),
     "gpt2-small": BenchShape(
         vocab=50304, d_model=768, n_layers=12, n_heads=12, d_ff=3072, batch=16, seq_len=1024,
-        ed_layers=6, ed_batch=64, ed_len=256, gen_batch=16, gen_prompt=128, gen_new=256,
+        ed_layers=6, ed_batch=64, ed_len=256, gen_batches=(1, 16, 64), gen_prompt=128, gen_new=256,
         memory_lengths=(4096, 8192, 16384, 32768), memory_math_max=16384,
     ),
 }

@@ -3,12 +3,23 @@
 DecodeState holds each layer's self-attention cache (growing) and cross-attention cache (filled
 once per source), plus each key's validity and position, so left-padded prompts, beams
 (`reorder`) and block diffusion's trial blocks (`fork`, `truncate`) all use the same object.
+
+`DecodeState.fixed` is the other layout, for compiled decoding: every cache is preallocated at a
+fixed capacity and written in place at the current slots (as litgpt's is), attention reads the
+whole buffer under a mask (`slot_mask`), so every step has the same shapes and one compiled
+graph serves them all.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from attnlab.errors import AttnlabError
+
+
+class CacheFullError(AttnlabError, ValueError):
+    """A fixed-capacity cache asked to hold more tokens than it was built for."""
 
 
 class KVCache:
@@ -23,8 +34,13 @@ class KVCache:
 
     MIN_CAPACITY = 64
 
-    def __init__(self, static: bool = False):
+    def __init__(self, static: bool = False, capacity: int | None = None):
+        """`capacity`: a fixed-capacity cache (see `DecodeState.fixed`): buffers of that many keys,
+        written in place at `slots` (set by the state before each call); attention then reads the
+        whole buffer, and the state's `slot_mask` hides the slots not yet written."""
         self.static = static
+        self.capacity = capacity
+        self.slots: torch.Tensor | None = None
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -33,6 +49,13 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.capacity is not None and not self.static:
+            if self.k is None:
+                self.k = k.new_zeros(*k.shape[:2], self.capacity, k.shape[3])
+                self.v = v.new_zeros(*v.shape[:2], self.capacity, v.shape[3])
+            self.k.index_copy_(2, self.slots, k)
+            self.v.index_copy_(2, self.slots, v)
+            return self.k, self.v
         if self.k is None or self.static:
             self.k, self.v = k, v
             return k, v
@@ -65,14 +88,16 @@ class KVCache:
 
     def fork(self) -> "KVCache":
         """A cache that starts from this one's keys and values (no copy) but whose updates stay
-        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised."""
+        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised.
+        (A fixed cache is not forked: its trial slots are hidden by the mask, then overwritten.)"""
         other = KVCache(self.static)
         other.k, other.v = self.k, self.v
         return other
 
     def truncate(self, n: int) -> None:
-        """Keep the first n keys and values (a view: the room after them is reused by appends)."""
-        if self.k is not None:
+        """Keep the first n keys and values (a view: the room after them is reused by appends;
+        a fixed cache keeps its buffer, whose later slots its state's mask hides)."""
+        if self.k is not None and self.capacity is None:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -80,7 +105,9 @@ class KVCache:
         if self.k is None:
             return
         n = len(self)
-        if self._owns_buffers():
+        if self.capacity is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        elif self._owns_buffers():
             self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
             self.k, self.v = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
         else:
@@ -89,7 +116,7 @@ class KVCache:
 
 @dataclass
 class LayerCache:
-    self_attn: KVCache = field(default_factory=KVCache)
+    self_attn: KVCache = field(default_factory=KVCache)  # growing, or fixed-capacity (DecodeState.fixed)
     cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -118,6 +145,8 @@ class DecodeState:
     next_position: torch.Tensor
     padded: bool = False
     context_mask: torch.Tensor | None = None
+    capacity: int | None = None  # fixed layout: key_valid / key_positions are (B, capacity) ...
+    filled: int = 0  # ... of which the first `filled` slots are written
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, device=None, context_mask=None) -> "DecodeState":
@@ -125,9 +154,18 @@ class DecodeState:
         return cls([LayerCache() for _ in range(n_layers)], nothing.bool(), nothing.long(),
                    torch.zeros(batch_size, dtype=torch.long, device=device), context_mask=context_mask)
 
+    @classmethod
+    def fixed(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None) -> "DecodeState":
+        """Caches of `capacity` keys each, written in place: every decoding step has the same
+        shapes (what a compiled step needs); more tokens than `capacity` raise CacheFullError."""
+        slots = torch.zeros(batch_size, capacity, device=device)
+        caches = [LayerCache(KVCache(capacity=capacity)) for _ in range(n_layers)]
+        return cls(caches, slots.bool(), slots.long(), torch.zeros(batch_size, dtype=torch.long, device=device),
+                   context_mask=context_mask, capacity=capacity)
+
     def __len__(self) -> int:
         """Keys cached so far (padding included)."""
-        return self.key_valid.shape[1]
+        return self.filled if self.capacity is not None else self.key_valid.shape[1]
 
     def positions_of(self, valid: torch.Tensor) -> torch.Tensor:
         """Positions (B, n) of new tokens with validity `valid`: real tokens count on from
@@ -136,16 +174,40 @@ class DecodeState:
 
     def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Record keys of new tokens (their K/V join the caches in the stack's forward)."""
-        self.key_valid = torch.cat((self.key_valid, valid), dim=1)
-        self.key_positions = torch.cat((self.key_positions, positions), dim=1)
+        if self.capacity is not None:
+            self._write_slots(valid, positions)
+        else:
+            self.key_valid = torch.cat((self.key_valid, valid), dim=1)
+            self.key_positions = torch.cat((self.key_positions, positions), dim=1)
         self.next_position = self.next_position + valid.long().sum(1)
         self.padded = self.padded or not bool(valid.all())
+
+    def _write_slots(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        n = valid.shape[1]
+        if self.filled + n > self.capacity:
+            raise CacheFullError(
+                f"the fixed-capacity KV cache holds {self.capacity} tokens and already has {self.filled}: "
+                f"{n} more do not fit; build the state with a capacity of at least prompt + max_new_tokens")
+        slots = torch.arange(self.filled, self.filled + n, device=valid.device)
+        self.key_valid[:, self.filled : self.filled + n] = valid
+        self.key_positions[:, self.filled : self.filled + n] = positions
+        self.filled += n
+        for cache in self.caches:
+            cache.self_attn.slots = slots
+
+    def slot_mask(self) -> torch.Tensor:
+        """(B, 1, n, capacity) for the n tokens just appended to a fixed state: each sees the valid
+        keys up to its own slot, and itself (a pad query too, so no row is all masked)."""
+        n = len(self.caches[0].self_attn.slots) if self.caches else 0
+        slots = torch.arange(self.capacity, device=self.key_valid.device)
+        query = torch.arange(self.filled - n, self.filled, device=slots.device)[:, None]
+        return (self.key_valid[:, None, None, :] & (slots <= query)) | (slots == query)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows `index` (beam search's surviving hypotheses), caches included."""
         for cache in self.caches:
             cache.reorder(index)
-        self.key_valid = self.key_valid.index_select(0, index)
+        self.key_valid = self.key_valid.index_select(0, index)  # (fixed: a copy, so never shared with another state)
         self.key_positions = self.key_positions.index_select(0, index)
         self.next_position = self.next_position.index_select(0, index)
         if self.context_mask is not None:
@@ -159,4 +221,8 @@ class DecodeState:
         """Keep the first n keys: block diffusion drops a trial block's keys after a step."""
         for cache in self.caches:
             cache.truncate(n)
-        self.key_valid, self.key_positions = self.key_valid[:, :n], self.key_positions[:, :n]
+        if self.capacity is not None:
+            self.key_valid[:, n:] = False
+            self.filled = n
+        else:
+            self.key_valid, self.key_positions = self.key_valid[:, :n], self.key_positions[:, :n]

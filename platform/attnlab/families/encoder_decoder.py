@@ -61,9 +61,10 @@ class EncoderDecoder(FamilyModule):
         prefixes = prompts_of(batch, ids.bos, ids.sep) if is_plain_lm(batch) else None
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty, prefixes=prefixes, pad_id=ids.pad)
+                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty, prefixes=prefixes, pad_id=ids.pad,
+                                  compiled=cfg.compile)
         return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg)
+                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=cfg.compile)
 
     def attention_stacks(self):
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from attnlab.generation.loop import compaction_due, left_pad, row_budgets, strip_after_eos
+from attnlab.generation.loop import compaction_due, fixed_capacity, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random", "threshold")
@@ -84,24 +84,31 @@ def sample_blocks(
     threshold: float = 0.9,
     generator: torch.Generator | None = None,
     compact: bool = True,
+    fixed: bool = False,
+    compiled: bool = False,
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
     (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget.
-    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
+    `fixed`: a fixed-capacity cache; `compiled`: that, and each model call compiled (no compaction)."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
     rows = len(prompts)
-    state = model.new_state(rows, device)
+    budgets = row_budgets(max_new_tokens, rows, device)
+    n_blocks = max(int(budgets.max()) + block_size - 1, 0) // block_size if rows else 0
+    capacity = None
+    if fixed or compiled:  # the prompt and every block, the last one's trial included
+        capacity = fixed_capacity(tokens.shape[1], torch.tensor([n_blocks * block_size]))
+    state = model.new_state(rows, device, capacity)
     to_commit = [(tokens, valid)]  # joins the cache in the next call
 
     def logits_of(x):
         clean, clean_valid = to_commit.pop() if to_commit else (None, None)
-        return model.advance(clean, clean_valid, x, state)
+        return model.advance(clean, clean_valid, x, state, compiled)
 
-    budgets = row_budgets(max_new_tokens, rows, device)
     done = budgets <= 0
-    n_blocks = max(int(budgets.max()) + block_size - 1, 0) // block_size if rows else 0
+    compact = compact and not compiled
     deterministic = sampling.temperature == 0.0 and unmasking != "random"  # see token_loop on sampling
     out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.loop import left_pad, row_budgets, token_loop
+from attnlab.generation.compiled_step import step_fixed
+from attnlab.generation.loop import fixed_capacity, left_pad, row_budgets, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
@@ -20,36 +21,59 @@ def generate(
     generator: torch.Generator | None = None,
     return_logits: bool = False,
     compact: bool = True,
+    fixed: bool = False,
+    compiled: bool = False,
 ):
     """Continue each prompt until eos or its budget (`max_new_tokens`: one int, or one per row);
     returns token lists without eos (and the (B, steps, V) logits with `return_logits`).
-    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
+    `fixed`: a fixed-capacity cache; `compiled`: that, and each token's step compiled (no
+    compaction then: a smaller batch would be a new shape to compile)."""
     device = next(model.parameters()).device
     tokens, valid = left_pad(prompts, pad_id, device)
-    state = model.new_state(len(prompts), device)
+    budgets = row_budgets(max_new_tokens, len(prompts), device)
+    capacity = fixed_capacity(tokens.shape[1], budgets) if fixed or compiled else None
+    state = model.new_state(len(prompts), device, capacity)
     first = model(tokens, valid, state)[:, -1]
-    return token_loop(lambda token, ok: model(token[:, None], ok[:, None], state)[:, -1], first,
-                      row_budgets(max_new_tokens, len(prompts), device), eos_id=eos_id, pad_id=pad_id,
-                      sampling=sampling, generator=generator, return_logits=return_logits,
-                      compact=state.reorder if compact else None)
+    step = _next_logits(model, state, compiled)
+    return token_loop(lambda token, ok: step(token[:, None], ok[:, None]), first, budgets, eos_id=eos_id,
+                      pad_id=pad_id, sampling=sampling, generator=generator, return_logits=return_logits,
+                      compact=state.reorder if compact and not compiled else None)
+
+
+def _next_logits(model, state, compiled: bool):
+    """Logits (B, V) after feeding tokens (B, 1) with validity (B, 1) (None: all real) to the state."""
+    if state.capacity is None:
+        return lambda tokens, valid: model(tokens, valid, state)[:, -1]
+    stack = model.stack
+
+    def step(tokens, valid):
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
+        return step_fixed(stack, stack.embedding.logits, tokens, valid, state, compiled)
+
+    return step
 
 
 @torch.no_grad()
 def generate_beam(model, prompts: list[list[int]], *, max_new_tokens: int | torch.Tensor, eos_id: int, pad_id: int,
-                  beam_size: int, alpha: float, compact: bool = True) -> list[list[int]]:
-    """Beam search after the prompts: each prompt runs once, then its cache is copied to each beam."""
+                  beam_size: int, alpha: float, compact: bool = True, fixed: bool = False,
+                  compiled: bool = False) -> list[list[int]]:
+    """Beam search after the prompts: each prompt runs once, then its cache is copied to each beam.
+    `fixed` / `compiled`: as in `generate` (compiled beams keep finished sources in the batch)."""
     device = next(model.parameters()).device
     n = len(prompts)
     tokens, valid = left_pad(prompts, pad_id, device)
-    state = model.new_state(n, device)
+    budgets = row_budgets(max_new_tokens, n, device)
+    capacity = fixed_capacity(tokens.shape[1], budgets) if fixed or compiled else None
+    state = model.new_state(n, device, capacity)
     after_prompt = model(tokens, valid, state)[:, -1].log_softmax(dim=-1)
     state.reorder(torch.arange(n, device=device).repeat_interleave(beam_size))
     pending = [after_prompt.repeat_interleave(beam_size, dim=0)]
+    next_logits = _next_logits(model, state, compiled)
 
     def step(last_tokens, st):
         if pending:  # the first step continues the prompt, already computed
             return pending.pop()
-        return model(last_tokens, None, st)[:, -1].log_softmax(dim=-1)
+        return next_logits(last_tokens, None).log_softmax(dim=-1)
 
-    return beam_search(step, state, n, beam_size, pad_id, eos_id, row_budgets(max_new_tokens, n, device), alpha,
-                       compact=compact)
+    return beam_search(step, state, n, beam_size, pad_id, eos_id, budgets, alpha, compact=compact and not compiled)

@@ -8,19 +8,35 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.loop import left_pad, token_loop
+from attnlab.generation.compiled_step import step_fixed
+from attnlab.generation.loop import fixed_capacity, left_pad, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
-def _next_logits(model, state):
+def _next_logits(model, state, compiled: bool = False):
     """Logits (N, V) after feeding `tokens` (N,) to the state. A finished row's pad is hidden only
-    once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation."""
+    once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation.
+    A fixed state always masks (its step is compiled, or may be)."""
+    if state.capacity is not None:
+        def fixed_step(tokens, valid=None):
+            valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
+            return step_fixed(model.decoder, model.logits, tokens[:, None], valid[:, None], state, compiled)
+
+        return fixed_step
+
     def step(tokens, valid=None):
         keep = valid[:, None] if valid is not None and state.padded else None
         hidden, _ = model.decode(tokens[:, None], state=state, valid=keep)
         return model.logits(hidden[:, -1])
 
     return step
+
+
+def _capacity(prefixes, max_lengths: torch.Tensor, fixed: bool) -> int | None:
+    """Slots of a fixed cache: bos (or the longest prefix) plus the longest budget."""
+    if not fixed:
+        return None
+    return fixed_capacity(1 if prefixes is None else max(len(p) for p in prefixes), max_lengths)
 
 
 def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):
@@ -36,31 +52,36 @@ def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):
 @torch.no_grad()
 def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
                      prefixes: list[list[int]] | None = None, sampling: SamplingConfig = SamplingConfig(),
-                     generator: torch.Generator | None = None, return_logits: bool = False, compact: bool = True):
+                     generator: torch.Generator | None = None, return_logits: bool = False, compact: bool = True,
+                     fixed: bool = False, compiled: bool = False):
     """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,);
-    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute)."""
-    state = model.start_state(encoded)
+    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
+    `fixed`: a fixed-capacity cache; `compiled`: that, and each step compiled (no compaction)."""
+    state = model.start_state(encoded, capacity=_capacity(prefixes, max_lengths, fixed or compiled))
     first = _start(model, state, prefixes, bos_id, pad_id, len(max_lengths), encoded.memory.device)
-    return token_loop(_next_logits(model, state), first, max_lengths, eos_id=eos_id, pad_id=pad_id,
+    return token_loop(_next_logits(model, state, compiled), first, max_lengths, eos_id=eos_id, pad_id=pad_id,
                       sampling=sampling, generator=generator, return_logits=return_logits,
-                      compact=state.reorder if compact else None)
+                      compact=state.reorder if compact and not compiled else None)
 
 
 @torch.no_grad()
 def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
-                   alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True):
+                   alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True,
+                   fixed: bool = False, compiled: bool = False):
     n = encoded.memory.shape[0]
+    capacity = _capacity(prefixes, max_lengths, fixed or compiled)
     if prefixes is None:
-        state = model.start_state(encoded, repeat=beam_size)
+        state = model.start_state(encoded, repeat=beam_size, capacity=capacity)
         pending = []
     else:  # read each prefix once, then copy its cache to each beam
-        state = model.start_state(encoded)
+        state = model.start_state(encoded, capacity=capacity)
         after = _start(model, state, prefixes, bos_id, pad_id, n, encoded.memory.device).log_softmax(dim=-1)
         state.reorder(torch.arange(n, device=after.device).repeat_interleave(beam_size))
         pending = [after.repeat_interleave(beam_size, dim=0)]
-    step = _next_logits(model, state)
+    step = _next_logits(model, state, compiled)
 
     def log_probs(last, st):
         return pending.pop() if pending else step(last[:, 0]).log_softmax(dim=-1)
 
-    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha, compact=compact)
+    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha,
+                       compact=compact and not compiled)

@@ -25,6 +25,14 @@ def row_budgets(max_new_tokens, rows: int, device) -> torch.Tensor:
     return torch.as_tensor(max_new_tokens, dtype=torch.long, device=device).expand(rows).clone()
 
 
+def fixed_capacity(prefix: int, budgets: torch.Tensor, multiple: int = 64) -> int:
+    """Slots a fixed cache needs: the prefix plus the longest budget (the last token chosen is
+    never fed back, but one spare slot costs nothing), rounded up so that batches of nearby
+    lengths share one compiled shape."""
+    needed = prefix + max(int(budgets.max()), 0) if len(budgets) else prefix
+    return -(-max(needed, 1) // multiple) * multiple
+
+
 def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | None = None) -> list[list[int]]:
     """Each row up to its eos (excluded), and to at most its budget of tokens when given."""
     out = []

@@ -17,6 +17,7 @@ from attnlab.components.masks import (
     self_mask,
 )
 from attnlab.errors import ConfigError
+from attnlab.generation.compiled_step import stack_step
 
 MASK_BACKENDS = ("auto", "dense", "flex")
 
@@ -74,10 +75,13 @@ class BlockDiffusionModel(nn.Module):
         return self.stack(tokens, positions, mask=build(noisy_blocks, clean_blocks), need_weights=need_weights)
 
     # ---- incremental: the sampler's path ---------------------------------------------------------
-    def new_state(self, batch_size: int, device=None) -> DecodeState:
+    def new_state(self, batch_size: int, device=None, capacity: int | None = None) -> DecodeState:
+        """A growing state, or with `capacity` a fixed one (see DecodeState.fixed)."""
+        if capacity is not None:
+            return DecodeState.fixed(len(self.stack.layers), batch_size, capacity, device)
         return DecodeState.empty(len(self.stack.layers), batch_size, device)
 
-    def advance(self, clean, clean_valid, noisy, state: DecodeState) -> torch.Tensor:
+    def advance(self, clean, clean_valid, noisy, state: DecodeState, compiled: bool = False) -> torch.Tensor:
         """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.
 
         `clean` (the prompt, with `clean_valid` marking its left padding, or the block just
@@ -89,6 +93,8 @@ class BlockDiffusionModel(nn.Module):
         if clean is None:
             clean = noisy.new_zeros(rows, 0)
             clean_valid = torch.ones_like(clean, dtype=torch.bool)
+        if state.capacity is not None:
+            return self._advance_fixed(clean, clean_valid, noisy, state, compiled)
         n_cached, n_clean = len(state), clean.shape[1]
         trial = state.fork()  # the noisy block's keys stay in the fork, dropped after this call
         trial.append(clean_valid, state.positions_of(clean_valid))
@@ -115,4 +121,31 @@ class BlockDiffusionModel(nn.Module):
         trial.next_position = trial.next_position - noisy.shape[1]
         state.caches, state.key_valid, state.key_positions = trial.caches, trial.key_valid, trial.key_positions
         state.next_position, state.padded = trial.next_position, trial.padded
+        return self.logits(hidden[:, n_clean:])
+
+    def _advance_fixed(self, clean, clean_valid, noisy, state: DecodeState, compiled: bool) -> torch.Tensor:
+        """`advance` over a fixed state: clean and noisy tokens are written at the next slots in
+        place, the mask spans the whole buffer, and the noisy slots are hidden again afterwards
+        (the next call overwrites them), so every call has the shapes a compiled step reuses."""
+        n_cached, n_clean, n_noisy = len(state), clean.shape[1], noisy.shape[1]
+        clean_positions = state.positions_of(clean_valid)
+        after_clean = state.next_position + clean_valid.long().sum(1)
+        noisy_positions = after_clean[:, None] + torch.arange(n_noisy, device=noisy.device)
+        positions = torch.cat((clean_positions, noisy_positions), dim=1)
+        self.stack.positional.check_positions(positions)
+        state.append(torch.cat((clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1), positions)
+        index = torch.arange(state.capacity, device=noisy.device)
+        noisy_key = index >= n_cached + n_clean
+        key_blocks = torch.where(state.key_valid, (index >= n_cached).long() + noisy_key.long(), -1)
+        query_blocks, noisy_query = key_blocks[:, n_cached : state.filled], noisy_key[n_cached : state.filled]
+        visible = block_diffusion_visible(
+            query_blocks[:, :, None], key_blocks[:, None, :], noisy_query[:, None], noisy_key[None, :]
+        )
+        itself = index == torch.arange(n_cached, state.filled, device=noisy.device)[:, None]
+        hidden = stack_step(self.stack, compiled)(
+            torch.cat((clean, noisy), dim=1), positions, visible[:, None] | itself, state.key_positions,
+            state.caches, None,
+        )
+        state.truncate(n_cached + n_clean)
+        state.next_position = after_clean
         return self.logits(hidden[:, n_clean:])

@@ -13,7 +13,10 @@ class DecoderOnlyModel(nn.Module):
         super().__init__()
         self.stack = TransformerStack(cfg, vocab_size, pad_id=pad_id)
 
-    def new_state(self, batch_size: int, device=None) -> DecodeState:
+    def new_state(self, batch_size: int, device=None, capacity: int | None = None) -> DecodeState:
+        """A growing state, or with `capacity` a fixed one (see DecodeState.fixed)."""
+        if capacity is not None:
+            return DecodeState.fixed(len(self.stack.layers), batch_size, capacity, device)
         return DecodeState.empty(len(self.stack.layers), batch_size, device)
 
     def hidden(self, tokens, valid=None, state: DecodeState | None = None, need_weights=False):
@@ -28,6 +31,11 @@ class DecoderOnlyModel(nn.Module):
             return self.stack(tokens, positions, is_causal=True, need_weights=need_weights)
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
+        if state is not None and state.capacity is not None:  # fixed layout: the whole buffer, masked
+            positions = state.positions_of(valid)
+            state.append(valid, positions)
+            return self.stack(tokens, positions, mask=state.slot_mask(), key_positions=state.key_positions,
+                              caches=state.caches, need_weights=need_weights)
         mask, is_causal = None, False
         if state is None:  # a left-padded batch in one call (the uncached reference in tests)
             key_valid, key_positions = valid, (valid.long().cumsum(1) - 1).clamp(min=0)

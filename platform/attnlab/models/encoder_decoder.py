@@ -60,6 +60,12 @@ class EncoderDecoderModel(nn.Module):
         if state is None:  # training: pads only follow real tokens, so causal alone is exact
             mask, is_causal = None, True
             context, context_mask = source.memory, source.mask
+        elif state.capacity is not None:  # fixed layout: the whole buffer, masked
+            is_causal, context, context_mask = False, None, state.context_mask
+            valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
+            positions = state.positions_of(valid)
+            state.append(valid, positions)
+            mask, key_positions = state.slot_mask(), state.key_positions
         else:
             is_causal = False
             context, context_mask = None, state.context_mask
@@ -85,11 +91,14 @@ class EncoderDecoderModel(nn.Module):
         hidden, _ = self.decode(target_in, encoded)
         return self.logits(hidden)
 
-    def start_state(self, source: EncodedSource, repeat: int = 1) -> DecodeState:
+    def start_state(self, source: EncodedSource, repeat: int = 1, capacity: int | None = None) -> DecodeState:
         """A decoding state whose cross-attention K/V are computed once per source, then repeated
-        per beam; the memory itself is not kept (nor copied per beam step), only its mask."""
+        per beam; the memory itself is not kept (nor copied per beam step), only its mask.
+        `capacity`: a fixed-capacity self-attention cache (DecodeState.fixed)."""
         mask = source.mask.repeat_interleave(repeat, 0)
-        state = DecodeState.empty(len(self.decoder.layers), len(mask), mask.device, context_mask=mask)
+        layers = len(self.decoder.layers)
+        state = (DecodeState.fixed(layers, len(mask), capacity, mask.device, context_mask=mask) if capacity is not None
+                 else DecodeState.empty(layers, len(mask), mask.device, context_mask=mask))
         for cache, layer in zip(state.caches, self.decoder.layers):
             k, v = layer.cross_attn.inner.project_kv(source.memory)
             cache.cross_attn.update(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
