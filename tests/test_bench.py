@@ -122,6 +122,11 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     assert set(data["generation"]["1"]) == families | {f + "_compiled" for f in families} | {"torch_transformer"}
     assert "torch_transformer" in data["generation"]["2"]
     assert set(data["memory"]["sdpa"]) == {"64", "128"} and set(data["memory"]["math"]) == {"64"}
+    gqa = data["memory"]["gqa"]  # n_heads 4: the cache holds K and V of n_kv heads only
+    layers, batch, tokens, head_dim = 2, 2, 4 + 5, 32 // 4
+    assert {n: r["cache_bytes"] for n, r in gqa.items()} == {
+        n: 2 * layers * batch * int(n) * tokens * head_dim * 4 for n in ("1", "2", "4")}
+    assert "| n_kv_heads |" in result.stdout
     ratio = {c["what"]: c["ratio"] for c in data["targets"]}["BlockDiffusion training vs DecoderOnly"]
     rows = data["training"]
     assert ratio == pytest.approx(rows["block_diffusion"]["tokens_per_s"] / rows["decoder_only"]["tokens_per_s"])

@@ -55,7 +55,7 @@ def schema_batch(source: torch.Tensor | None, target: torch.Tensor) -> dict:
 def backbone(shape: BenchShape, options: Options, family: str) -> BackboneConfig:
     """GPT-2's layout for the decoders (pre-norm, GELU, learned positions); the paper's for the
     encoder-decoder (post-norm, ReLU, sinusoids), as torch.nn.Transformer is."""
-    common = dict(d_model=shape.d_model, n_heads=shape.n_heads, d_ff=shape.d_ff, dropout=0.0,
+    common = dict(d_model=shape.d_model, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, d_ff=shape.d_ff, dropout=0.0,
                   fused_qkv=options.fused_qkv)
     if family == "encoder_decoder":
         return BackboneConfig(**common, n_layers=shape.ed_layers, max_positions=4 * shape.ed_len)

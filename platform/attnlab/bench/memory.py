@@ -18,8 +18,10 @@ from attnlab.components.attention import MultiHeadAttention
 from attnlab.errors import AttnlabError
 
 
-def _attention_step(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype) -> None:
-    attention = MultiHeadAttention(BackboneConfig(d_model=d_model, n_heads=n_heads, backend=backend, dropout=0.0))
+def _attention_step(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype,
+                    n_kv_heads: int | None = None) -> None:
+    attention = MultiHeadAttention(BackboneConfig(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                                  backend=backend, dropout=0.0))
     attention.to(device=device, dtype=dtype)
     x = torch.randn(1, length, d_model, device=device, dtype=dtype, requires_grad=True)
     out, _ = attention(x, is_causal=True)
@@ -40,32 +42,47 @@ def _reset_peak() -> None:
         refs.write("5")
 
 
-def peak_bytes_here(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype) -> int:
+def peak_bytes_here(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype,
+                    n_kv_heads: int | None = None) -> int:
     """Peak bytes the step adds above what is allocated before it, in this process."""
-    _attention_step(64, d_model, n_heads, backend, device, dtype)  # thread pools, kernels, lazy init
+    _attention_step(64, d_model, n_heads, backend, device, dtype, n_kv_heads)  # thread pools, kernels, lazy init
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        _attention_step(length, d_model, n_heads, backend, device, dtype)
+        _attention_step(length, d_model, n_heads, backend, device, dtype, n_kv_heads)
         return torch.cuda.max_memory_allocated(device) - before
     _reset_peak()
     before = _proc_kib("VmRSS")
-    _attention_step(length, d_model, n_heads, backend, device, dtype)
+    _attention_step(length, d_model, n_heads, backend, device, dtype, n_kv_heads)
     return (_proc_kib("VmHWM") - before) * 1024
 
 
-def peak_bytes(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype=torch.float32) -> int:
+def peak_bytes(length: int, d_model: int, n_heads: int, backend: str, device: torch.device, dtype=torch.float32,
+               n_kv_heads: int | None = None) -> int:
     if device.type == "cuda":
-        return peak_bytes_here(length, d_model, n_heads, backend, device, dtype)
-    command = [sys.executable, "-m", "attnlab.bench.memory", str(length), str(d_model), str(n_heads), backend]
+        return peak_bytes_here(length, d_model, n_heads, backend, device, dtype, n_kv_heads)
+    command = [sys.executable, "-m", "attnlab.bench.memory", str(length), str(d_model), str(n_heads), backend,
+               str(n_kv_heads or n_heads)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if result.returncode:
         raise AttnlabError(f"the memory probe at length {length} ({backend}) failed:\n{result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
-if __name__ == "__main__":  # the CPU probe: python -m attnlab.bench.memory LENGTH D_MODEL N_HEADS BACKEND
+def kv_cache_bytes(model, batch: int, tokens: int) -> int:
+    """Bytes of a decoder's fixed-capacity KV cache after reading `tokens` tokens per row: what
+    decoding holds per layer, measured on the real buffers (GQA stores only the KV heads)."""
+    state = model.new_state(batch, next(model.parameters()).device, capacity=tokens)
+    with torch.no_grad():
+        model(torch.full((batch, tokens), 6, dtype=torch.long, device=state.key_valid.device), None, state)
+    return sum(c.self_attn.k.untyped_storage().nbytes() + c.self_attn.v.untyped_storage().nbytes()
+               for c in state.caches)
+
+
+if __name__ == "__main__":  # the CPU probe: python -m attnlab.bench.memory LENGTH D_MODEL N_HEADS BACKEND N_KV
     length, d_model, n_heads, backend = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    n_kv_heads = int(sys.argv[5]) if len(sys.argv) > 5 else None
     torch.set_grad_enabled(True)
-    print(json.dumps({"peak_bytes": peak_bytes_here(length, d_model, n_heads, backend, torch.device("cpu"), torch.float32)}))
+    print(json.dumps({"peak_bytes": peak_bytes_here(length, d_model, n_heads, backend, torch.device("cpu"),
+                                                    torch.float32, n_kv_heads)}))

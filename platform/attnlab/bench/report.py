@@ -68,10 +68,18 @@ def format_report(result: dict) -> str:
                           else "-" for b in batches] for name in names]
         out += ["", _table(["generation, new tokens/s"] + [f"batch {b}" for b in batches], rows)]
     if result.get("memory"):
-        lengths = sorted({n for per in result["memory"].values() for n in per}, key=int)  # JSON keys are strings
+        per_backend = {k: v for k, v in result["memory"].items() if k != "gqa"}
+        lengths = sorted({n for per in per_backend.values() for n in per}, key=int)  # JSON keys are strings
         rows = [[backend] + [f"{per[n] / 2**20:,.1f}" if n in per else "-" for n in lengths]
-                for backend, per in result["memory"].items()]
+                for backend, per in per_backend.items()]
         out += ["", _table(["attention peak MiB (fwd+bwd)"] + [str(n) for n in lengths], rows)]
+        gqa = result["memory"].get("gqa")
+        if gqa:
+            first = next(iter(gqa.values()))
+            rows = [[n_kv, f"{r['cache_bytes'] / 2**20:,.2f}", f"{r['attention_peak_bytes'] / 2**20:,.1f}"]
+                    for n_kv, r in gqa.items()]
+            out += ["", _table(["n_kv_heads", f"KV cache MiB (batch {first['cache_batch']} x {first['cache_tokens']} tokens)",
+                                f"sdpa attention peak MiB ({first['attention_length']} tokens)"], rows)]
     if result.get("targets"):
         rows = []
         for check in result["targets"]:

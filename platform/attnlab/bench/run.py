@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import json
 import platform as host
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from attnlab.bench.contenders import (
     training_steps,
 )
 from attnlab.training.flops import PEAK_SIZES, family_flops_per_token, matmul_step, table_peak
-from attnlab.bench.memory import peak_bytes
+from attnlab.bench.memory import kv_cache_bytes, peak_bytes
 from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
 from attnlab.bench.timing import interleaved_medians
@@ -166,6 +166,27 @@ def bench_memory(shape, options, dtype, say):
         lengths = [n for n in shape.memory_lengths if backend == "sdpa" or n <= shape.memory_math_max]
         say(f"attention memory ({backend}): lengths {lengths}")
         results[backend] = {n: peak_bytes(n, shape.d_model, shape.n_heads, backend, options.device, dtype) for n in lengths}
+    results["gqa"] = bench_gqa_memory(shape, options, dtype, say)
+    return results
+
+
+def bench_gqa_memory(shape, options, dtype, say):
+    """KV cache bytes of a DecoderOnly decode (the largest generation batch, prompt + new tokens)
+    and one sdpa attention layer's peak (fwd + bwd, the first memory length) at n_kv_heads 1, 2
+    and n_heads: GQA shrinks both by storing and reading only the KV heads."""
+    batch, tokens, length = max(shape.gen_batches), shape.gen_prompt + shape.gen_new, shape.memory_lengths[0]
+    results = {}
+    for n_kv in sorted({1, 2, shape.n_heads}):
+        if shape.n_heads % n_kv:
+            continue
+        say(f"GQA memory: n_kv_heads {n_kv}")
+        model = platform_module("decoder_only", replace(shape, n_kv_heads=n_kv), options).model.eval()
+        results[str(n_kv)] = {
+            "cache_bytes": kv_cache_bytes(model, batch, tokens), "cache_batch": batch, "cache_tokens": tokens,
+            "attention_peak_bytes": peak_bytes(length, shape.d_model, shape.n_heads, "sdpa", options.device, dtype,
+                                               n_kv_heads=n_kv),
+            "attention_length": length,
+        }
     return results
 
 

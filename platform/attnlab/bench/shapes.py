@@ -11,6 +11,7 @@ class BenchShape:
     d_model: int = 256
     n_layers: int = 4  # decoder-only and block diffusion
     n_heads: int = 8
+    n_kv_heads: int | None = None  # None: n_heads (the references have no GQA); the GQA memory rows vary it
     d_ff: int = 1024
     batch: int = 16
     seq_len: int = 256  # tokens per row, [bos] included
