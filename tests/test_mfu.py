@@ -4,25 +4,12 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.bench.contenders import Options, platform_module
-from attnlab.bench.shapes import BenchShape
 from attnlab.training import mfu as mfu_module
 from attnlab.training.mfu import MFU
 from data_modules.batch import Example, collate
+from test_bench import TINY, math_module
 
-TINY = BenchShape(vocab=97, d_model=32, n_layers=2, n_heads=4, d_ff=64, batch=3, seq_len=24,
-                  ed_layers=2, ed_batch=3, ed_len=16, gen_batches=(2,), gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
 FAMILIES = ["decoder_only", "encoder_decoder", "block_diffusion"]
-
-
-def math_module(family: str):
-    """The explicit-softmax backend: torch's counter sees attention as plain matmuls."""
-    module = platform_module(family, TINY, Options(torch.device("cpu"), fused_qkv=True))
-    for stack in module.attention_stacks().values():
-        for kind in ("self", "cross"):
-            for attention in stack.attention_modules(kind):
-                attention.backend = "math"
-    return module
 
 
 def padded_batch(module, seed: int = 0) -> dict:
