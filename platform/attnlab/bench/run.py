@@ -19,6 +19,7 @@ from attnlab.bench.contenders import (
     training_steps,
 )
 from attnlab.training.flops import PEAK_SIZES, family_flops_per_token, matmul_step, table_peak
+from attnlab.training.mfu import precision_dtype
 from attnlab.bench.memory import kv_cache_bytes, peak_bytes
 from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
@@ -116,7 +117,7 @@ def bench_training(shape, options, args, peaks, say):
     fastest matmul is the measured peak, taken under the same conditions as the models. A model
     faster still raises the peak to its own rate (flagged), so MFU never reads above 100 %."""
     steps, tokens, modules = training_steps(shape, options, args.families, not args.no_references, not args.no_hf)
-    dtype = torch.bfloat16 if options.precision == "bf16-mixed" else torch.float32
+    dtype = precision_dtype(options.precision)
     matmuls = {}
     for size in PEAK_SIZES.get(options.device.type, PEAK_SIZES["cuda"]):
         matmuls[f"matmul {size}"] = matmul_step(size, options.device, dtype)
@@ -199,7 +200,7 @@ def bench_main(argv: list[str]) -> int:
     say = lambda message: print(message, flush=True)  # noqa: E731
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+    dtype = precision_dtype(precision)
     say(f"attnlab bench on {device_name(device)}, precision {precision}, compile {args.compile}")
     peaks = {"table": table_peak(device, precision)}  # bench_training adds the measured peak
     result = {

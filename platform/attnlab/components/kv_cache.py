@@ -146,13 +146,22 @@ class DecodeState:
     padded: bool = False
     context_mask: torch.Tensor | None = None
     capacity: int | None = None  # fixed layout: key_valid / key_positions are (B, capacity) ...
-    filled: int = 0  # ... of which the first `filled` slots are written
+    filled: int = 0  # ... of which the first `filled` slots are written,
+    slots: torch.Tensor | None = None  # ... the last `append` at these
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, device=None, context_mask=None) -> "DecodeState":
         nothing = torch.zeros(batch_size, 0, device=device)
         return cls([LayerCache() for _ in range(n_layers)], nothing.bool(), nothing.long(),
                    torch.zeros(batch_size, dtype=torch.long, device=device), context_mask=context_mask)
+
+    @classmethod
+    def new(cls, n_layers: int, batch_size: int, device=None, capacity: int | None = None,
+            context_mask=None) -> "DecodeState":
+        """A growing state, or with `capacity` a fixed one."""
+        if capacity is not None:
+            return cls.fixed(n_layers, batch_size, capacity, device, context_mask)
+        return cls.empty(n_layers, batch_size, device, context_mask)
 
     @classmethod
     def fixed(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None) -> "DecodeState":
@@ -171,6 +180,12 @@ class DecodeState:
         """Positions (B, n) of new tokens with validity `valid`: real tokens count on from
         next_position, padding takes the position of the token after it (it is never attended)."""
         return (self.next_position[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+
+    def place(self, valid: torch.Tensor) -> torch.Tensor:
+        """Append new tokens with validity `valid` (B, n) at their positions, and return those."""
+        positions = self.positions_of(valid)
+        self.append(valid, positions)
+        return positions
 
     def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Record keys of new tokens (their K/V join the caches in the stack's forward)."""
@@ -191,17 +206,15 @@ class DecodeState:
         slots = torch.arange(self.filled, self.filled + n, device=valid.device)
         self.key_valid[:, self.filled : self.filled + n] = valid
         self.key_positions[:, self.filled : self.filled + n] = positions
-        self.filled += n
+        self.filled, self.slots = self.filled + n, slots
         for cache in self.caches:
             cache.self_attn.slots = slots
 
     def slot_mask(self) -> torch.Tensor:
         """(B, 1, n, capacity) for the n tokens just appended to a fixed state: each sees the valid
         keys up to its own slot, and itself (a pad query too, so no row is all masked)."""
-        n = len(self.caches[0].self_attn.slots) if self.caches else 0
-        slots = torch.arange(self.capacity, device=self.key_valid.device)
-        query = torch.arange(self.filled - n, self.filled, device=slots.device)[:, None]
-        return (self.key_valid[:, None, None, :] & (slots <= query)) | (slots == query)
+        keys, query = torch.arange(self.capacity, device=self.key_valid.device), self.slots[:, None]
+        return (self.key_valid[:, None, None, :] & (keys <= query)) | (keys == query)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows `index` (beam search's surviving hypotheses), caches included."""

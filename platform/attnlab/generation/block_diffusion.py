@@ -97,9 +97,8 @@ def sample_blocks(
     rows = len(prompts)
     budgets = row_budgets(max_new_tokens, rows, device)
     n_blocks = max(int(budgets.max()) + block_size - 1, 0) // block_size if rows else 0
-    capacity = None
-    if fixed or compiled:  # the prompt and every block, the last one's trial included
-        capacity = fixed_capacity(tokens.shape[1], torch.tensor([n_blocks * block_size]))
+    # A fixed cache holds the prompt and every block, the last one's trial included.
+    capacity = fixed_capacity(tokens.shape[1], torch.tensor([n_blocks * block_size]), fixed or compiled)
     state = model.new_state(rows, device, capacity)
     to_commit = [(tokens, valid)]  # joins the cache in the next call
 

@@ -52,13 +52,12 @@ def stack_step(stack, compiled: bool):
     return run
 
 
-def step_fixed(stack, project, tokens: torch.Tensor, valid: torch.Tensor, state: DecodeState,
+def step_fixed(stack, project, tokens: torch.Tensor, valid: torch.Tensor | None, state: DecodeState,
                compiled: bool) -> torch.Tensor:
-    """Logits (B, V) after feeding one token per row to a fixed state, compiled or eagerly (the
-    same function: the eager call is the reference in tests)."""
-    positions = state.positions_of(valid)
+    """Logits (B, V) after feeding one token per row (`valid` None: all real) to a fixed state,
+    compiled or eagerly (the same function: the eager call is the reference in tests)."""
+    positions = state.place(torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid)
     stack.positional.check_positions(positions)
-    state.append(valid, positions)
     hidden = stack_step(stack, compiled)(tokens, positions, state.slot_mask(), state.key_positions, state.caches,
                                          state.context_mask)
     return project(hidden[:, -1])

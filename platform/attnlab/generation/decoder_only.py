@@ -32,8 +32,7 @@ def generate(
     device = next(model.parameters()).device
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, len(prompts), device)
-    capacity = fixed_capacity(tokens.shape[1], budgets) if fixed or compiled else None
-    state = model.new_state(len(prompts), device, capacity)
+    state = model.new_state(len(prompts), device, fixed_capacity(tokens.shape[1], budgets, fixed or compiled))
     first = model(tokens, valid, state)[:, -1]
     step = _next_logits(model, state, compiled)
     return token_loop(lambda token, ok: step(token[:, None], ok[:, None]), first, budgets, eos_id=eos_id,
@@ -46,12 +45,7 @@ def _next_logits(model, state, compiled: bool):
     if state.capacity is None:
         return lambda tokens, valid: model(tokens, valid, state)[:, -1]
     stack = model.stack
-
-    def step(tokens, valid):
-        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
-        return step_fixed(stack, stack.embedding.logits, tokens, valid, state, compiled)
-
-    return step
+    return lambda tokens, valid: step_fixed(stack, stack.embedding.logits, tokens, valid, state, compiled)
 
 
 @torch.no_grad()
@@ -64,8 +58,7 @@ def generate_beam(model, prompts: list[list[int]], *, max_new_tokens: int | torc
     n = len(prompts)
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, n, device)
-    capacity = fixed_capacity(tokens.shape[1], budgets) if fixed or compiled else None
-    state = model.new_state(n, device, capacity)
+    state = model.new_state(n, device, fixed_capacity(tokens.shape[1], budgets, fixed or compiled))
     after_prompt = model(tokens, valid, state)[:, -1].log_softmax(dim=-1)
     state.reorder(torch.arange(n, device=device).repeat_interleave(beam_size))
     pending = [after_prompt.repeat_interleave(beam_size, dim=0)]

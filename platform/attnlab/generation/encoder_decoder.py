@@ -18,11 +18,8 @@ def _next_logits(model, state, compiled: bool = False):
     once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation.
     A fixed state always masks (its step is compiled, or may be)."""
     if state.capacity is not None:
-        def fixed_step(tokens, valid=None):
-            valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
-            return step_fixed(model.decoder, model.logits, tokens[:, None], valid[:, None], state, compiled)
-
-        return fixed_step
+        return lambda tokens, valid=None: step_fixed(model.decoder, model.logits, tokens[:, None],
+                                                     None if valid is None else valid[:, None], state, compiled)
 
     def step(tokens, valid=None):
         keep = valid[:, None] if valid is not None and state.padded else None
@@ -33,10 +30,8 @@ def _next_logits(model, state, compiled: bool = False):
 
 
 def _capacity(prefixes, max_lengths: torch.Tensor, fixed: bool) -> int | None:
-    """Slots of a fixed cache: bos (or the longest prefix) plus the longest budget."""
-    if not fixed:
-        return None
-    return fixed_capacity(1 if prefixes is None else max(len(p) for p in prefixes), max_lengths)
+    """Slots of a fixed cache (None: a growing one): bos (or the longest prefix) plus the longest budget."""
+    return fixed_capacity(1 if prefixes is None else max(len(p) for p in prefixes), max_lengths, fixed)
 
 
 def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):

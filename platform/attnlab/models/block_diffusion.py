@@ -77,9 +77,7 @@ class BlockDiffusionModel(nn.Module):
     # ---- incremental: the sampler's path ---------------------------------------------------------
     def new_state(self, batch_size: int, device=None, capacity: int | None = None) -> DecodeState:
         """A growing state, or with `capacity` a fixed one (see DecodeState.fixed)."""
-        if capacity is not None:
-            return DecodeState.fixed(len(self.stack.layers), batch_size, capacity, device)
-        return DecodeState.empty(len(self.stack.layers), batch_size, device)
+        return DecodeState.new(len(self.stack.layers), batch_size, device, capacity)
 
     def advance(self, clean, clean_valid, noisy, state: DecodeState, compiled: bool = False) -> torch.Tensor:
         """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.

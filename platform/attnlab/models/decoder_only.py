@@ -15,9 +15,7 @@ class DecoderOnlyModel(nn.Module):
 
     def new_state(self, batch_size: int, device=None, capacity: int | None = None) -> DecodeState:
         """A growing state, or with `capacity` a fixed one (see DecodeState.fixed)."""
-        if capacity is not None:
-            return DecodeState.fixed(len(self.stack.layers), batch_size, capacity, device)
-        return DecodeState.empty(len(self.stack.layers), batch_size, device)
+        return DecodeState.new(len(self.stack.layers), batch_size, device, capacity)
 
     def hidden(self, tokens, valid=None, state: DecodeState | None = None, need_weights=False):
         """Final hidden states (B, L, d) and per-layer attention weights.
@@ -32,8 +30,7 @@ class DecoderOnlyModel(nn.Module):
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
         if state is not None and state.capacity is not None:  # fixed layout: the whole buffer, masked
-            positions = state.positions_of(valid)
-            state.append(valid, positions)
+            positions = state.place(valid)
             return self.stack(tokens, positions, mask=state.slot_mask(), key_positions=state.key_positions,
                               caches=state.caches, need_weights=need_weights)
         mask, is_causal = None, False
@@ -41,8 +38,7 @@ class DecoderOnlyModel(nn.Module):
             key_valid, key_positions = valid, (valid.long().cumsum(1) - 1).clamp(min=0)
             positions = key_positions
         else:
-            positions = state.positions_of(valid)
-            state.append(valid, positions)
+            positions = state.place(valid)
             key_valid, key_positions = state.key_valid, state.key_positions
         n_new, n_keys = tokens.shape[1], key_valid.shape[1]
         if state is not None and not state.padded and (n_new == 1 or n_new == n_keys):

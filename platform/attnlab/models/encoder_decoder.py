@@ -63,15 +63,13 @@ class EncoderDecoderModel(nn.Module):
         elif state.capacity is not None:  # fixed layout: the whole buffer, masked
             is_causal, context, context_mask = False, None, state.context_mask
             valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
-            positions = state.positions_of(valid)
-            state.append(valid, positions)
+            positions = state.place(valid)
             mask, key_positions = state.slot_mask(), state.key_positions
         else:
             is_causal = False
             context, context_mask = None, state.context_mask
             valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
-            row_positions = state.positions_of(valid)
-            state.append(valid, row_positions)
+            row_positions = state.place(valid)
             if state.padded:  # left-padded prefixes: positions count real tokens, pads are hidden
                 positions, key_positions = row_positions, state.key_positions
                 mask = causal_padding_mask(state.key_valid, n)
@@ -96,9 +94,7 @@ class EncoderDecoderModel(nn.Module):
         per beam; the memory itself is not kept (nor copied per beam step), only its mask.
         `capacity`: a fixed-capacity self-attention cache (DecodeState.fixed)."""
         mask = source.mask.repeat_interleave(repeat, 0)
-        layers = len(self.decoder.layers)
-        state = (DecodeState.fixed(layers, len(mask), capacity, mask.device, context_mask=mask) if capacity is not None
-                 else DecodeState.empty(layers, len(mask), mask.device, context_mask=mask))
+        state = DecodeState.new(len(self.decoder.layers), len(mask), mask.device, capacity, context_mask=mask)
         for cache, layer in zip(state.caches, self.decoder.layers):
             k, v = layer.cross_attn.inner.project_kv(source.memory)
             cache.cross_attn.update(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
