@@ -47,10 +47,13 @@ def config(positional: str) -> BackboneConfig:
 
 
 def recorded_logits(embedding):
-    """Every output-projection result of a decoding, in call order (the wrapper shadows the method)."""
+    """Every output-projection result of a decoding, in call order (the wrapper shadows the method).
+    Not traced: a compiled step then breaks its graph at the projection (whole steps are compared
+    with the real backend below, through return_logits), instead of recompiling as the list grows."""
     calls = []
     real = type(embedding).logits.__get__(embedding)
 
+    @torch.compiler.disable
     def logits(hidden):
         out = real(hidden)
         calls.append(out.detach().clone())
@@ -172,6 +175,20 @@ def test_the_fixed_cache_refuses_to_overflow():
         with pytest.raises(CacheFullError, match="holds 4 tokens and already has 4: 1 more do not fit"):
             model(torch.tensor([[10]]), None, state)
     assert len(state) == 4  # nothing was written
+
+
+def test_compiled_decoding_past_a_learned_table_stops_with_the_clear_error():
+    """The compiled step checks no positions inside its graph; the stepper does, once a slot past
+    the table is reached (a position never exceeds its slot)."""
+    from attnlab.errors import ConfigError
+
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, dropout=0.0, positional="learned", max_positions=8)
+    model = DecoderOnlyModel(cfg, VOCAB, PAD).eval()
+    padded_prompts = [[BOS, 7], [BOS, 7, 8, 9, 10]]  # the short row's positions stay within the table longer
+    assert len(generate(model, padded_prompts, max_new_tokens=3, eos_id=EOS, pad_id=PAD, compiled=True)[1]) == 3
+    with pytest.raises(ConfigError, match="needs 9 positions.*max_positions=8"):
+        generate(model, padded_prompts, max_new_tokens=6, eos_id=EOS, pad_id=PAD, compiled=True)
 
 
 def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):

@@ -176,10 +176,14 @@ class DecodeState:
         """Keys cached so far (padding included)."""
         return self.filled if self.capacity is not None else self.key_valid.shape[1]
 
-    def positions_of(self, valid: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def positions_after(next_position: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Positions (B, n) of new tokens with validity `valid`: real tokens count on from
         next_position, padding takes the position of the token after it (it is never attended)."""
-        return (self.next_position[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+        return (next_position[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+
+    def positions_of(self, valid: torch.Tensor) -> torch.Tensor:
+        return self.positions_after(self.next_position, valid)
 
     def place(self, valid: torch.Tensor) -> torch.Tensor:
         """Append new tokens with validity `valid` (B, n) at their positions, and return those."""
@@ -190,31 +194,44 @@ class DecodeState:
     def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Record keys of new tokens (their K/V join the caches in the stack's forward)."""
         if self.capacity is not None:
-            self._write_slots(valid, positions)
+            self.write_slots(self.key_valid, self.key_positions, self.reserve(valid.shape[1]), valid, positions)
         else:
             self.key_valid = torch.cat((self.key_valid, valid), dim=1)
             self.key_positions = torch.cat((self.key_positions, positions), dim=1)
         self.next_position = self.next_position + valid.long().sum(1)
         self.padded = self.padded or not bool(valid.all())
 
-    def _write_slots(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
-        n = valid.shape[1]
+    def reserve(self, n: int) -> torch.Tensor:
+        """The next n slots of a fixed state (the caches write their keys there); CacheFullError
+        past the capacity. Python bookkeeping only, so a compiled step never sees `filled`."""
         if self.filled + n > self.capacity:
             raise CacheFullError(
                 f"the fixed-capacity KV cache holds {self.capacity} tokens and already has {self.filled}: "
                 f"{n} more do not fit; build the state with a capacity of at least prompt + max_new_tokens")
-        slots = torch.arange(self.filled, self.filled + n, device=valid.device)
-        self.key_valid[:, self.filled : self.filled + n] = valid
-        self.key_positions[:, self.filled : self.filled + n] = positions
-        self.filled, self.slots = self.filled + n, slots
+        self.slots = torch.arange(self.filled, self.filled + n, device=self.key_valid.device)
+        self.filled += n
         for cache in self.caches:
-            cache.self_attn.slots = slots
+            cache.self_attn.slots = self.slots
+        return self.slots
+
+    @staticmethod
+    def write_slots(key_valid: torch.Tensor, key_positions: torch.Tensor, slots: torch.Tensor,
+                    valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Record the new keys' validity and positions at `slots`, in place (a compiled step does
+        this inside its graph)."""
+        key_valid.index_copy_(1, slots, valid)
+        key_positions.index_copy_(1, slots, positions)
+
+    @staticmethod
+    def mask_at(key_valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """(B, 1, n, capacity) for the n tokens just written at `slots`: each sees the valid keys up
+        to its own slot, and itself (a pad query too, so no row is all masked)."""
+        keys, query = torch.arange(key_valid.shape[1], device=key_valid.device), slots[:, None]
+        return (key_valid[:, None, None, :] & (keys <= query)) | (keys == query)
 
     def slot_mask(self) -> torch.Tensor:
-        """(B, 1, n, capacity) for the n tokens just appended to a fixed state: each sees the valid
-        keys up to its own slot, and itself (a pad query too, so no row is all masked)."""
-        keys, query = torch.arange(self.capacity, device=self.key_valid.device), self.slots[:, None]
-        return (self.key_valid[:, None, None, :] & (keys <= query)) | (keys == query)
+        """The mask of the tokens the last `append` wrote (see `mask_at`)."""
+        return self.mask_at(self.key_valid, self.slots)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows `index` (beam search's surviving hypotheses), caches included."""

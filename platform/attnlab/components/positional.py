@@ -22,6 +22,8 @@ Rotary = tuple[torch.Tensor, torch.Tensor]
 class PositionalEncoding(nn.Module):
     """No positions (NoPE); the base class every encoding refines."""
 
+    max_positions: int | None = None  # positions from 0 up to this (excluded) exist; None: any
+
     def check_positions(self, positions: torch.Tensor) -> None:
         """Fail clearly before a forward pass that would need more positions than exist."""
 
@@ -60,10 +62,11 @@ class Learned(PositionalEncoding):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.table = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.max_positions = cfg.max_positions
         nn.init.normal_(self.table.weight, std=0.02)
 
     def check_positions(self, positions):
-        limit = self.table.num_embeddings
+        limit = self.max_positions
         n_positions = int(positions.max()) + 1 if positions.numel() else 0
         if n_positions > limit:
             raise ConfigError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.compiled_step import step_fixed
+from attnlab.generation.compiled_step import fixed_stepper
 from attnlab.generation.loop import fixed_capacity, left_pad, row_budgets, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
@@ -44,8 +44,7 @@ def _next_logits(model, state, compiled: bool):
     """Logits (B, V) after feeding tokens (B, 1) with validity (B, 1) (None: all real) to the state."""
     if state.capacity is None:
         return lambda tokens, valid: model(tokens, valid, state)[:, -1]
-    stack = model.stack
-    return lambda tokens, valid: step_fixed(stack, stack.embedding.logits, tokens, valid, state, compiled)
+    return fixed_stepper(model.stack, state, compiled)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.compiled_step import step_fixed
+from attnlab.generation.compiled_step import fixed_stepper
 from attnlab.generation.loop import fixed_capacity, left_pad, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
@@ -18,8 +18,8 @@ def _next_logits(model, state, compiled: bool = False):
     once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation.
     A fixed state always masks (its step is compiled, or may be)."""
     if state.capacity is not None:
-        return lambda tokens, valid=None: step_fixed(model.decoder, model.logits, tokens[:, None],
-                                                     None if valid is None else valid[:, None], state, compiled)
+        step = fixed_stepper(model.decoder, state, compiled)
+        return lambda tokens, valid=None: step(tokens[:, None], None if valid is None else valid[:, None])
 
     def step(tokens, valid=None):
         keep = valid[:, None] if valid is not None and state.padded else None
