@@ -50,8 +50,8 @@ def parse_args(argv):
     parser.add_argument("--no-references", action="store_true", help="the families alone")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2 (no transformers installed)")
     parser.add_argument("--warmup", type=int, default=8,
-                        help="untimed training steps per contender (default 8: torch.nn.Transformer's step still "
-                             "shrinks by a third over its first 7 on CPU); generation warms up with one call")
+                        help="untimed training steps per contender (default 8: on CPU torch.nn.Transformer's step "
+                             "settles only after about 8); generation warms up with one call")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median is reported (default 5)")
     parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
     parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")
