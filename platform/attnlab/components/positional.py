@@ -62,8 +62,11 @@ class Learned(PositionalEncoding):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.table = nn.Embedding(cfg.max_positions, cfg.d_model)
-        self.max_positions = cfg.max_positions
         nn.init.normal_(self.table.weight, std=0.02)
+
+    @property
+    def max_positions(self) -> int:
+        return self.table.num_embeddings
 
     def check_positions(self, positions):
         limit = self.max_positions

@@ -77,7 +77,7 @@ def _runner(stack, make, compiled: bool, settles: bool = False):
 
     def run(*args):
         nonlocal checked
-        caches = args[-2]
+        caches = args[-2]  # every step function ends with (caches, context_mask)
         if caches and caches[0].self_attn.k is None:
             return eager(*args)
         args = [arg.contiguous() if isinstance(arg, torch.Tensor) else arg for arg in args]

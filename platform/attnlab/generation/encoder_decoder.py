@@ -18,8 +18,8 @@ def _next_logits(model, state, compiled: bool = False):
     once the state has padding anyway (prefixes): otherwise no mask is needed, as in translation.
     A fixed state always masks (its step is compiled, or may be)."""
     if state.capacity is not None:
-        step = fixed_stepper(model.decoder, state, compiled)
-        return lambda tokens, valid=None: step(tokens[:, None], None if valid is None else valid[:, None])
+        fixed_step = fixed_stepper(model.decoder, state, compiled)
+        return lambda tokens, valid=None: fixed_step(tokens[:, None], None if valid is None else valid[:, None])
 
     def step(tokens, valid=None):
         keep = valid[:, None] if valid is not None and state.padded else None
