@@ -17,12 +17,11 @@ def test_the_package_root_holds_only_its_face_the_entry_point_and_the_errors():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py"]
 
 
-def test_the_readme_layout_names_every_file_of_the_package():
-    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## Layout"):]
+def test_the_docs_layout_names_every_file_of_the_package():
+    layout = (PACKAGE.parents[1] / "docs" / "guides" / "layout.md").read_text(encoding="utf-8")
     named = set(re.findall(r"[\w]+\.py", layout))
     files = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
-    assert not files - named, f"files the README's Layout does not name: {sorted(files - named)}"
+    assert not files - named, f"files docs/guides/layout.md does not name: {sorted(files - named)}"
 
 
 def test_no_fsdp1_internals_are_imported_anywhere():
