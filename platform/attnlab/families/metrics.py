@@ -11,6 +11,8 @@ from torch import nn
 from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
+from attnlab.compat import private_api as private
+
 # The keys every family logs per split: likelihoods (lower is better) and, when it generates,
 # generation scores and speed (higher is better) and its cost in model calls (lower is better).
 # Checkpoint selection, sweeps and reports read these.
@@ -69,17 +71,21 @@ class ChrF(Metric):
         from sacrebleu.metrics import CHRF
 
         self._chrf = CHRF()
-        self.add_state("stats", torch.zeros(len(self._chrf._extract_corpus_statistics(["a"], [["a"]])[0]),
-                                            dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("stats", torch.zeros(len(self._statistics(["a"], [["a"]])[0]), dtype=torch.float64),
+                       dist_reduce_fx="sum")
+
+    def _statistics(self, predictions: list[str], references: list[list[str]]) -> list[list[int]]:
+        return private.get(self._chrf, "_extract_corpus_statistics")(predictions, references)
 
     def update(self, predictions: list[str], references: list[str]) -> None:
         if predictions:
-            stats = self._chrf._extract_corpus_statistics(list(predictions), [list(references)])
+            stats = self._statistics(list(predictions), [list(references)])
             self.stats += torch.tensor(stats, dtype=torch.float64, device=self.stats.device).sum(0)
 
     def compute(self) -> torch.Tensor:
         """0-1, like the other torchmetrics scores (x 100 when logged)."""
-        return torch.tensor(self._chrf._compute_score_from_stats(self.stats.tolist()).score / 100.0, dtype=torch.float64)
+        score = private.get(self._chrf, "_compute_score_from_stats")(self.stats.tolist()).score
+        return torch.tensor(score / 100.0, dtype=torch.float64)
 
 
 class EvalMetrics(nn.Module):

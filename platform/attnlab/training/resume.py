@@ -48,18 +48,19 @@ class LastCheckpoint(ModelCheckpoint):
     # finished validation and the best checkpoint's updated record, so a resume repeats neither.
     # Where ModelCheckpoint saves (train epoch end when validation runs once per epoch, else
     # validation end), and after it: this callback comes later in trainer.callbacks.
+    # (ModelCheckpoint's methods used here are private: see attnlab.compat.private_api.)
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self._should_save_on_train_epoch_end(trainer):
+        if private.get(self, "_should_save_on_train_epoch_end")(trainer):
             self._save_last_after_validation(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not private.get(self, "_should_save_on_train_epoch_end")(trainer):
             self._save_last_after_validation(trainer)
 
     def _save_last_after_validation(self, trainer) -> None:
         if trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        private.get(self, "_save_last_checkpoint")(trainer, private.get(self, "_monitor_candidates")(trainer))
 
 
 class RngStates(Callback):
