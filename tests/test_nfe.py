@@ -31,7 +31,11 @@ def test_an_autoregressive_batch_takes_one_call_per_token_of_its_longest_row(fam
     batch = _batch([4, 2, 6])
     with CallCounter(module.decoding_stack()) as calls:
         ids = module.generate_ids(batch)
-    assert calls.calls == module._longest_output(batch, ids)
+    # Counted here, not by the metric's own helper: a row that stopped at eos took one call per
+    # token and one for the eos; a row that ran out took exactly its budget.
+    longest = max(len(row) + 1 if len(row) < max_new else max_new for row in ids)
+    assert calls.calls == longest
+    assert module._longest_output(batch, ids) == longest  # what val/nfe_per_token divides by
     assert any(len(row) < max_new for row in ids) == (max_new == 40)  # both cases really occur
 
 
