@@ -1,7 +1,11 @@
-"""train/mfu: each step's FLOPs equal torch's own count, and MFU = tokens/s × FLOPs per token / peak."""
+"""train/mfu: each step's FLOPs equal torch's own count, and MFU = tokens/s × FLOPs per token / peak,
+one peak per run (a step above it logs its true ratio, with one warning)."""
+import warnings
+
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.training import mfu as mfu_module
@@ -67,12 +71,61 @@ def test_a_fit_logs_train_mfu_as_tokens_per_s_times_flops_per_token_over_the_pea
     assert 0 < metrics["train/mfu"].item() < 1
 
 
-def test_mfu_is_never_above_one():
+def test_a_step_faster_than_the_peak_is_flagged_and_the_peak_does_not_move():
+    """The true ratio, not a peak raised to the step's rate (which made "never above 1" hold by
+    construction, and divided later steps by a different number)."""
     mfu = MFU(peak=1e12, source="measured")
-    assert mfu(5e11) == 0.5
-    with pytest.warns(UserWarning, match="above the measured peak"):
-        assert mfu(2e12) == 1.0
-    assert mfu(1e12) == 0.5  # the faster step is the peak from then on
+    assert mfu(5e11) == 0.5 and mfu.above_peak == 0
+    with pytest.warns(UserWarning, match="above the measured peak.*below a real step's rate") as warned:
+        assert mfu(2e12) == 2.0
+    assert len(warned) == 1 and "\n" not in str(warned[0].message)
+    assert mfu.peak == 1e12 and mfu.source == "measured" and mfu.above_peak == 1
+    assert mfu(1e12) == 1.0 and mfu(5e11) == 0.5  # later steps: the same peak
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert mfu(3e12) == 3.0
+    assert not again and mfu.above_peak == 2  # warned once per run, every such step counted
+
+
+def test_only_rank_zero_warns_about_a_step_above_the_peak(monkeypatch):
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    mfu = MFU(peak=1e12, source="measured")
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert mfu(2e12) == 2.0
+    assert not warned and mfu.above_peak == 1
+
+
+def test_a_fit_divides_every_step_by_one_peak_measured_once(monkeypatch, tmp_path):
+    """A peak below the steps' real rate: every step logs its true ratio (> 1), one warning."""
+    peak, measured = 1e3, []
+    monkeypatch.setattr(mfu_module, "_measured", lambda device, dtype: measured.append(device) or peak)
+    module = math_module("decoder_only")
+    logged = []
+
+    class Logged(L.Callback):  # each step's values, read once the module has logged them
+        def read(self, trainer):
+            logged.append((trainer.callback_metrics["train/tflops"].item(), trainer.callback_metrics["train/mfu"].item()))
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step:
+                self.read(trainer)
+
+        def on_train_end(self, trainer, pl_module):
+            self.read(trainer)
+
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Logged()],
+                        default_root_dir=tmp_path)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(
+            [padded_batch(module, seed) for seed in range(3)], batch_size=None))
+    assert len(measured) == 1  # once, at the start of the fit
+    assert len(logged) == 3 and all(ratio > 1 for _, ratio in logged)
+    for tflops, ratio in logged:
+        assert ratio == pytest.approx(tflops * 1e12 / peak, rel=1e-5)
+    assert len([w for w in warned if "above the measured peak" in str(w.message)]) == 1
 
 
 def test_a_known_gpu_divides_by_its_data_sheet(monkeypatch):

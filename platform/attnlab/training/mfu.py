@@ -8,9 +8,9 @@ already knows its FLOPs per step (`LossTerms.flops`), so the module logs MFU its
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from attnlab.training.flops import measured_peak, table_peak
 
@@ -31,11 +31,16 @@ def _measured(device: torch.device, dtype: torch.dtype) -> float:
 
 
 class MFU:
-    """FLOP/s → fraction of the device's peak, never above 1: a step faster than the measured
-    peak (a lucky matmul size, turbo) raises the peak to its own rate, with one warning."""
+    """FLOP/s → fraction of the run's one peak, fixed for the whole run (the data sheet's, or the one
+    measured at the start of the fit), so every step of a run is divided by the same number.
+
+    A step faster than the peak proves the peak too low (a measured one below what a real step
+    reached, or a wrong data-sheet entry): its true ratio (> 1) is logged, not hidden, and rank zero
+    warns once, in one line. `above_peak` counts such steps."""
 
     def __init__(self, peak: float, source: str):
         self.peak, self.source = peak, source
+        self.above_peak = 0
 
     @classmethod
     def for_device(cls, device: torch.device, precision: str) -> "MFU":
@@ -46,7 +51,9 @@ class MFU:
 
     def __call__(self, flops_per_s: float) -> float:
         if flops_per_s > self.peak:
-            warnings.warn(f"a training step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the {self.source} "
-                          f"peak of {self.peak / 1e12:.3f}: train/mfu now divides by the step's rate")
-            self.peak, self.source = flops_per_s, "fastest step"
+            if not self.above_peak:
+                rank_zero_warn(f"a training step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the {self.source} "
+                               f"peak of {self.peak / 1e12:.3f} TFLOP/s that train/mfu divides by: the {self.source} "
+                               "peak is below a real step's rate, so train/mfu reads above 1 for such steps")
+            self.above_peak += 1
         return flops_per_s / self.peak
