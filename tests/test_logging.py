@@ -5,7 +5,7 @@ import math
 import os
 import re
 import subprocess
-import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,14 +109,18 @@ def test_tensorboard_writes_event_files(short_fit):
     assert {"train/loss", "val/nll", "val/exact_match"} <= scalars, scalars
 
 
-def test_two_runs_in_one_process_get_two_folders(tmp_path):
+def test_two_runs_in_one_process_get_two_folders(tmp_path, monkeypatch):
+    """Both runs start in the same second (the clock is frozen, not slept past): the default
+    version is the timestamp, and the second run gets it suffixed instead of the first's folder."""
+    from attnlab.loggers import run_loggers
+
+    monkeypatch.setattr(run_loggers, "time", SimpleNamespace(strftime=lambda fmt: "20260101-120000"))
     args = debug_fit_args(tmp_path, "--trainer.max_steps", "1")
     version_at = args.index("--run.version")
     del args[version_at : version_at + 2]  # the default: a timestamp
     first = run_main(args, cwd=tmp_path)
     assert first.code == 0, first.err[-3000:]
-    time.sleep(1.1)  # timestamps have one-second resolution
     second = run_main(args, cwd=tmp_path)
     assert second.code == 0, second.err[-3000:]
-    folders = sorted(p for p in (tmp_path / "debug").iterdir() if p.is_dir())
-    assert len(folders) == 2, f"both runs went to {folders}"
+    folders = sorted(p.name for p in (tmp_path / "debug").iterdir() if p.is_dir())
+    assert folders == ["20260101-120000", "20260101-120000-1"], f"the runs went to {folders}"
