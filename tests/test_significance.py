@@ -56,7 +56,7 @@ def _report(root: Path) -> list[dict]:
     from attnlab.experiment.report import report_main
 
     assert report_main([str(root), "--wandb", "disabled"]) == 0
-    return json.loads((root / "report" / "report.json").read_text())
+    return json.loads((root / "report" / "report.json").read_text())["rows"]
 
 
 def _cli_p_values(tmp_path: Path, references, baseline, system) -> dict[str, float]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from attnlab.errors import AttnlabError
+from attnlab.experiment.provenance import context, read_sweep_record
 from attnlab.experiment.runs import RunRecord, collect_runs
 from attnlab.experiment.significance import ColumnTest, test_column
 from attnlab.experiment.stats import ALPHA, Summary, summarize
@@ -216,6 +217,13 @@ def significance_text(points: list[Point], columns: list[Column], reference: str
     return lines
 
 
+def quality_cells(points: list[Point], columns: list[Column]) -> dict[str, dict[str, str]]:
+    """Per row, every validation and test quality cell as the table shows it (without marks):
+    what a rerun must reproduce for its page's history to say that every quality number matched."""
+    quality = [c for c in columns if c.metric is not None or c.header.startswith("val ")]
+    return {p.name: {c.header: _cell(Column(c.header, c.value, c.fmt, c.numeric), p) for c in quality} for p in points}
+
+
 def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
     """report.json: per row, every column's value (numbers: per-seed values, mean, std, n, interval, p)."""
     rows = []
@@ -236,12 +244,34 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
     return rows
 
 
+def budget_line(points: list[Point]) -> str:
+    """What every run of the table was given: optimizer steps and epochs (summary.json), and the seeds."""
+    def spent(record: RunRecord) -> str:
+        steps, epochs = record.summary.get("steps"), record.summary.get("epochs")
+        if steps is None:
+            return "unknown (no summary.json)"
+        return f"{steps:,} optimizer steps" + (f" ({epochs} epoch{'s' if epochs != 1 else ''})" if epochs else "")
+
+    budgets = {p.name: sorted({spent(r) for r in p.records}) for p in points}
+    seeds = {p.name: ", ".join(str(s) for s in p.seeds if s is not None) or "none" for p in points}
+    if len({tuple(b) for b in budgets.values()}) == 1 and len(next(iter(budgets.values()))) == 1:
+        spend = f"every run trained {next(iter(budgets.values()))[0]}"
+    else:
+        spend = "; ".join(f"{name}: {' / '.join(b)}" for name, b in budgets.items())
+    seed = (f"seeds {next(iter(seeds.values()))} for every row" if len(set(seeds.values())) == 1
+            else "seeds " + "; ".join(f"{name}: {s}" for name, s in seeds.items()))
+    return f"Budget: {spend}; {seed}."
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab report", description=DESCRIPTION)
     parser.add_argument("folder", help="a sweep folder (runs/<sweep>) or any folder holding run folders")
     parser.add_argument("--output", help="where to write report.md, report.json and the plots (default: <folder>/report)")
     parser.add_argument("--metric", default="chrf", help="quality metric of the quality-against-parameters plot "
                                                         "(nll, bpb, bleu, chrf, exact_match; test if measured, else val)")
+    parser.add_argument("--publish", metavar="PAGE.md",
+                        help="also write a results page for the docs (e.g. docs/results/<name>.md) from report.json, "
+                             "with the plots beside it; a page already there keeps its history and gains one line")
     parser.add_argument("--wandb", default="auto", choices=("auto", "online", "offline", "disabled"),
                         help="log the table and plots as a wandb run of the sweep's group (default: auto)")
     return parser
@@ -252,6 +282,8 @@ def report_main(argv: list[str]) -> int:
     from attnlab.experiment.plots import write_plots
 
     args = build_parser().parse_args(argv)
+    if args.publish and not args.publish.endswith(".md"):
+        raise AttnlabError(f"--publish {args.publish}: give the page's path ending in .md, e.g. docs/results/<name>.md")
     folder = Path(args.folder)
     records = collect_runs(folder)
     if not records:
@@ -267,13 +299,24 @@ def report_main(argv: list[str]) -> int:
     plots = write_plots(points, output, args.metric)
     frontier, frontier_plots = write_frontier(points, output, args.metric)
     plots += frontier_plots
+    budget = budget_line(points)
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
-            "the seeds of a row (n).", "", table, "", *words, "",
+            "the seeds of a row (n). " + budget, "", table, "", *words, "",
             "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *frontier]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
     rows = report_rows(points, columns)
-    (output / "report.json").write_text(json.dumps(rows, indent=1) + "\n")
+    report = {
+        "format": 2, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
+        "budget": budget, "rows": rows, "quality": quality_cells(points, columns),
+        "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier},
+        "plots": [p.name for p in plots],
+    }
+    (output / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    if args.publish:
+        from attnlab.experiment.publish import publish
+
+        print(f"report: published {publish(output / 'report.json', Path(args.publish))}")
     print(table)
     if words:
         print("\n" + "\n".join(words))

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.experiment.provenance import write_sweep_record
 from attnlab.experiment.spec import (
     SweepPoint,
     SweepSpec,
@@ -270,7 +272,10 @@ def sweep_main(argv: list[str]) -> int:
             for stage, command in point_commands(spec, point, args.root, passthrough).items():
                 print(f"{point.folder} [{stage}]: attnlab {' '.join(command)}")
         return 0
+    to_run = [p for p in spec.points() if not runner.is_done(p)]
     failed = runner.run()
+    if to_run or not (runner.sweep_dir / "sweep.json").is_file():  # a rerun that only reports keeps the record
+        write_sweep_record(runner.sweep_dir, "attnlab sweep " + shlex.join(argv), args.sweep_file, spec.name)
     if any(runner.is_done(p) for p in spec.points()):
         report_main([str(runner.sweep_dir), "--wandb", flag_value(passthrough, "--run.wandb") or "auto"])
     if failed:
