@@ -20,6 +20,7 @@ from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.per_example import PerExampleWriter, gather_rows
 from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
+from attnlab.training.parameter_summary import ParameterSummary
 from attnlab.training.run_summary import RunSummary
 from data_modules.base import TokenizedDataModule
 
@@ -138,6 +139,8 @@ class AttnlabCLI(LightningCLI):
 
     def _selection_callbacks(self) -> list:
         """The best checkpoint by run.monitor (best-{epoch}-{step}.ckpt) and, with run.patience, early stopping."""
+        if self.subcommand not in ("fit", None):  # None: run=False. Evaluations choose nothing; Lightning would
+            return []                              # warn that a restored ModelCheckpoint's folder changed
         options = self.setting(self.config_init, "run")
         callbacks = [ModelCheckpoint(monitor=options.monitor, mode=options.mode, filename="best-{epoch}-{step}",
                                      auto_insert_metric_name=True)]
@@ -150,8 +153,11 @@ class AttnlabCLI(LightningCLI):
         trainer_config = self.setting(self.config_init, "trainer", default={})
         every = self.setting(self.config_init, "run").checkpoint_every_n_steps
         defaults = [LastCheckpoint(every) if isinstance(c, LastCheckpoint) else c
-                    for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping)]
+                    for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping, ParameterSummary)]
         self.trainer_defaults["callbacks"] = self._selection_callbacks() + defaults
+        if trainer_config.get("enable_model_summary", True) is not False:  # ours instead of Lightning's default
+            self.trainer_defaults["callbacks"].append(ParameterSummary())
+            kwargs["enable_model_summary"] = False
         self._resume_from = self._find_resume()
         if trainer_config.get("logger") in (None, True):
             kwargs["logger"] = build_loggers(

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 
+from attnlab.cli.quiet import silence_library_noise
 from attnlab.cli.runtime import tune_allocator
 from attnlab.errors import AttnlabError
 
@@ -259,6 +260,7 @@ def run_verb(argv: list[str] | None = None) -> int:
         return 0
     verb = argv[0]
     tune_allocator()
+    silence_library_noise()
     try:
         if verb in VERB_MAINS:
             return VERB_MAINS[verb](argv[1:])

@@ -83,7 +83,8 @@ def write_plots(points, output: Path, metric: str) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.set_yscale("log")
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:  # no curve drawn (no run logged these keys): no legend
+        axes[0].legend(fontsize=7)
     written.append(save_figure(fig, output / "curves.png", plt))
     return written
 

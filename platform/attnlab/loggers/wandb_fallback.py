@@ -33,6 +33,14 @@ class FallbackWandbLogger(WandbLogger):
 
     fell_back = False
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Lightning passes `anonymous=None` on to wandb.init, and wandb >= 0.19 warns about any value
+        # of that retired setting; leaving it out changes nothing else.
+        settings = private.get(self, "_wandb_init")
+        if settings.get("anonymous") is None:
+            settings.pop("anonymous", None)
+
     @property
     @rank_zero_experiment
     def experiment(self):

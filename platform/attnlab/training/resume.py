@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from attnlab.compat import private_api as private
 
@@ -156,8 +156,20 @@ class _ContinuingWriter(ExperimentWriter):
         super().save()
 
 
+class _FreshWriter(ExperimentWriter):
+    """Lightning's writer, without its warning that the run folder is not empty: the folder holds this
+    run's own config.yaml and wandb/ by then. An earlier run's metrics.csv is still replaced, said once."""
+
+    def _check_log_dir_exists(self) -> None:  # listed in attnlab.compat.private_api
+        path = Path(self.log_dir) / self.NAME_METRICS_FILE
+        if path.is_file():
+            rank_zero_info(f"replacing the metrics.csv of an earlier run in {self.log_dir}")
+            path.unlink()
+
+
 class ResumableCSVLogger(CSVLogger):
-    """CSVLogger that, with `resume=True`, continues the run folder's metrics.csv (see _ContinuingWriter)."""
+    """CSVLogger that, with `resume=True`, continues the run folder's metrics.csv (see _ContinuingWriter),
+    and otherwise starts it afresh without warning about the run's own files (_FreshWriter)."""
 
     def __init__(self, *args, resume: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -165,9 +177,10 @@ class ResumableCSVLogger(CSVLogger):
 
     @property
     def experiment(self):
-        if private.get(self, "_experiment") is None and self._resume and rank_zero_only.rank == 0:
+        if private.get(self, "_experiment") is None and rank_zero_only.rank == 0:
             private.get(self, "_fs").makedirs(self.root_dir, exist_ok=True)
-            private.put(self, "_experiment", _ContinuingWriter(log_dir=self.log_dir))
+            writer = _ContinuingWriter if self._resume else _FreshWriter
+            private.put(self, "_experiment", writer(log_dir=self.log_dir))
         return super().experiment
 
 
