@@ -35,33 +35,46 @@ def _session_pids(sid: int) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
-def _run_and_hurt_rank_1(root: Path, signum: int, *extra, bound: float):
-    """Start the fit, wait for training to be under way, send `signum` to rank 1; returns
-    (exit code, output, seconds from the signal to the exit, processes left in the session)."""
+SAFETY_NET = 240  # seconds: no assertion about speed; only a run that never gets there meets it
+HANG_TIMEOUT_S = 10  # the hang test's collective timeout (torch's default: 30 minutes)
+
+
+def _wait_for(condition, what: str, proc: subprocess.Popen | None = None, log: Path | None = None,
+              limit: float = SAFETY_NET) -> None:
+    """Poll until `condition()` holds (a file, a process state); the process exiting first, or the
+    safety net, fails the test."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the run exited ({proc.returncode}) before {what}: {log.read_text()[-3000:] if log else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within the {limit:.0f} s safety net")
+        time.sleep(0.1)
+
+
+def _run_and_hurt_rank_1(root: Path, signum: int, *extra):
+    """Start the fit, wait for training to be under way (its first last.ckpt), send `signum` to
+    rank 1; returns (exit code, output, processes left in the session once it is empty or the
+    safety net is reached)."""
     log = root / "out.txt"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "attnlab", *map(str, _fit_args(root, *extra))], cwd=root,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         checkpoint = root / "debug" / "v" / "checkpoints" / "last.ckpt"
-        started = time.monotonic()
-        while not checkpoint.is_file():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() - started < 120, "training did not get under way"
-            time.sleep(0.2)
+        _wait_for(checkpoint.is_file, "training got under way", proc, log)
         children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(children) == 1, children  # Lightning's launcher started rank 1
         os.kill(int(children[0]), signum)
-        hurt = time.monotonic()
         try:
-            code = proc.wait(timeout=bound + 60)
+            code = proc.wait(timeout=SAFETY_NET)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the run did not stop within {bound + 60:.0f} s of rank 1's {signal.Signals(signum).name}")
-        seconds = time.monotonic() - hurt
-        deadline = time.monotonic() + 5
-        while _session_pids(proc.pid) and time.monotonic() < deadline:  # let the kernel reap them
-            time.sleep(0.2)
-        return code, log.read_text(), seconds, _session_pids(proc.pid)
+            pytest.fail(f"the run did not stop within {SAFETY_NET} s of rank 1's {signal.Signals(signum).name}")
+        try:  # the kernel reaps what the run stopped; whatever is left after the net stays
+            _wait_for(lambda: not _session_pids(proc.pid), "processes left", limit=10)
+        except pytest.fail.Exception:
+            pass
+        return code, log.read_text(), _session_pids(proc.pid)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -73,27 +86,30 @@ def _run_and_hurt_rank_1(root: Path, signum: int, *extra, bound: float):
 
 
 def test_a_rank_that_dies_stops_the_others_quickly(tmp_path):
-    code, output, seconds, left = _run_and_hurt_rank_1(tmp_path, signal.SIGKILL, bound=30)
+    """Quickly: rank 0 learns of the death from the closed connection (or Lightning's child
+    watcher), not from a collective timeout (30 minutes here), which would say "stopped answering"."""
+    code, output, left = _run_and_hurt_rank_1(tmp_path, signal.SIGKILL)
     assert code != 0, output[-3000:]
-    assert seconds < 30, f"{seconds:.0f} s from rank 1's death to the end of the command"
     # rank 0 sees the closed connection in its next collective and says so in one line (or, if
     # Lightning's child watcher is first, it kills rank 0 after saying which child died)
     said = ("another process of this distributed run died" in output
             or "terminated with code" in output)
     assert said, output[-3000:]
+    assert "stopped answering" not in output, output[-3000:]
     assert not left, f"processes left behind: {left}"
 
 
 def test_a_rank_that_hangs_stops_the_others_after_the_timeout(tmp_path):
     """A stopped rank keeps its connections open: the others wait in a collective until the
-    strategy's timeout (here 20 s instead of torch's 30 min), then stop and kill it."""
-    code, output, seconds, left = _run_and_hurt_rank_1(
+    strategy's timeout (here a few seconds instead of torch's 30 min), then stop and kill it.
+    That it was this timeout shows in gloo's message (the wait in milliseconds), not in a clock."""
+    code, output, left = _run_and_hurt_rank_1(
         tmp_path, signal.SIGSTOP, "--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy",
-        "--trainer.strategy.timeout", "0:00:20", bound=60)
+        "--trainer.strategy.timeout", f"0:00:{HANG_TIMEOUT_S:02d}")
     assert code == 1, output[-3000:]
-    assert seconds < 60, f"{seconds:.0f} s from rank 1's hang to the end of the command"
     errors = [line for line in output.splitlines() if line.startswith("attnlab: error:")]
     assert len(errors) == 1 and "stopped answering" in errors[0], output[-3000:]
+    assert f"{HANG_TIMEOUT_S * 1000}ms" in errors[0], errors[0]
     assert "Traceback" not in output
     assert not left, f"processes left behind: {left}"
 
