@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 
 from conftest import debug_fit_args, read_metrics, run_process
 
@@ -33,11 +32,8 @@ def test_unreachable_wandb_server_falls_back_to_offline_once(tmp_path):
     root = tmp_path / "runs"
     args = debug_fit_args(root, version="unreachable")
     args[args.index("--run.wandb") + 1] = "auto"  # credentials present: auto means online
-    started = time.perf_counter()
-    proc = run_process(args, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=120)
-    seconds = time.perf_counter() - started
+    proc = run_process(args, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=120)  # a safety net only
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert seconds < 60, f"the fallback took {seconds:.0f} s"
     assert "Traceback" not in proc.stderr
 
     run_dir = root / "debug" / "unreachable"
@@ -49,6 +45,11 @@ def test_unreachable_wandb_server_falls_back_to_offline_once(tmp_path):
     assert len(fallback) == 1, output[-3000:]
     match = re.search(r"logging offline to (\S+) instead; upload it later with `wandb sync (\S+)`", fallback[0])
     assert match, fallback[0]
+    # The online attempt was bounded by WANDB_INIT_TIMEOUT (not wandb's 90 s): wandb's own log of
+    # that attempt says what it waited, which no clock on a busy machine can tell.
+    (online_log,) = (run_dir / "wandb").glob("run-*/logs/debug.log")
+    waits = re.findall(r"communicating run to backend with ([\d.]+) second timeout", online_log.read_text())
+    assert waits == ["5.0"], waits
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and list(offline[0].glob("run-*.wandb")), offline
     assert os.path.samefile(match.group(2), offline[0])
