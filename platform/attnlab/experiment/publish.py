@@ -23,7 +23,7 @@ def render_page(report: dict, stem: str) -> str:
     meta, md = report["meta"], report["markdown"]
     lines = [f"# {meta.get('name') or Path(report['folder']).name}", "", HEADER_NOTE.format(json=f"{stem}.json"), ""]
     if meta.get("question"):
-        lines += [f"**Question.** {meta['question']}", ""]
+        lines += [f"**Question.** {meta['question'][:1].upper()}{meta['question'][1:]}", ""]
     lines += [f"**Command.** `{meta['command']}`", "",
               f"**Measured** {meta['date']} on {meta['machine']}, commit `{meta['commit']}`, torch {meta['torch']}. "
               f"{report['budget']}", "", "## Results", "",
