@@ -180,6 +180,58 @@ def cli(capsys, tmp_path, monkeypatch):
     return run
 
 
+def run_sweep(args, cwd: Path) -> subprocess.CompletedProcess:
+    """`attnlab sweep ARGS` from `cwd` with every run in this process (see in_process_runs), as
+    run_process returns it. One test (test_main_job_is_quiet) runs a real sweep in real processes."""
+    with in_process_runs():
+        result = run_main(["sweep", *args], cwd=cwd)
+    return subprocess.CompletedProcess(["sweep", *args], result.code, result.out, result.err)
+
+
+@contextlib.contextmanager
+def in_process_runs():
+    """A sweep's `attnlab fit / test` calls as main(args) here instead of subprocesses: the same
+    commands and folders, without a Python and torch start-up per run. Runs spread over "GPUs"
+    (--devices) take turns, each with its CUDA_VISIBLE_DEVICES and log file."""
+    import threading
+
+    from attnlab.experiment.sweep import SweepRunner
+
+    turn = threading.Lock()
+    run_point = SweepRunner.run_point
+
+    def one_at_a_time(self, point, device):  # the runner's own lines must not land in another run's log
+        with turn:
+            return run_point(self, point, device)
+
+    def call(args, env, log):
+        changed = {key: value for key, value in env.items() if os.environ.get(key) != value}
+        saved = {key: os.environ.get(key) for key in changed}
+        os.environ.update(changed)
+        os.environ.pop("ATTNLAB_RUN_VERSION", None)
+        try:
+            result = run_main(args)
+        finally:
+            os.environ.pop("ATTNLAB_RUN_VERSION", None)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        if log is None:
+            sys.stdout.write(result.out)
+            sys.stderr.write(result.err)
+        else:
+            with log.open("a") as out:
+                out.write(result.out + result.err)
+        return result.code
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SweepRunner, "_call", staticmethod(call))
+        mp.setattr(SweepRunner, "run_point", one_at_a_time)
+        yield
+
+
 def run_process(args, cwd, env=None, timeout=180, **kwargs) -> subprocess.CompletedProcess:
     """`python -m attnlab ARGS` in a real process (text mode, output captured)."""
     return subprocess.run(
@@ -211,6 +263,34 @@ def debug_fit_args(root: Path, *extra, version: str = "v1") -> list[str]:
     """`fit` of experiments/debug.yaml, shrunk, writing to <root>/debug/<version>."""
     return ["fit", "--config", DEBUG_YAML, "--run.root", root, "--run.version", version,
             "--run.wandb", "disabled", *FAST_TRAINER, *DEBUG_DATA, *extra]
+
+
+# The session's shared tiny runs (see trained_run): each fits once, and tests only read them.
+MAPS_RUN = ("--trainer.callbacks+=attnlab.experiment.attention_maps.AttentionMaps", "--run.tensorboard", "true")
+ORACLE_RUN = ("--model.class_path", "conftest.Oracle", "--run.tensorboard", "true")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A factory of tiny trained runs shared by the whole session: `trained_run(*extra)` fits
+    experiments/debug.yaml (debug_fit_args) once per distinct `extra` and returns (the fit's
+    CliResult, its run folder). Tests read these folders; one that writes beside them writes
+    only into a name of its own."""
+    root = tmp_path_factory.mktemp("trained_runs")
+    runs: dict[tuple, tuple[CliResult, Path]] = {}
+
+    def get(*extra) -> tuple[CliResult, Path]:
+        key = tuple(map(str, extra))
+        if key not in runs:
+            version = f"run{len(runs)}"
+            os.environ.pop("ATTNLAB_RUN_VERSION", None)
+            result = run_main(debug_fit_args(root, *extra, version=version), cwd=root)
+            os.environ.pop("ATTNLAB_RUN_VERSION", None)
+            assert result.code == 0, result.err[-3000:]
+            runs[key] = (result, root / "debug" / version)
+        return runs[key]
+
+    return get
 
 
 def assert_trained_on_the_lowest_variance_candidate(run_dir: Path, candidates) -> None:

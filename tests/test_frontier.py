@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, png_size, run_process
+from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, png_size, run_sweep
 
 FRONTIER = {"batch_sizes": [1, 4], "decodings": {
     "ar": {"greedy": {}},
@@ -171,8 +171,8 @@ def test_a_frontier_whose_reference_never_finished_says_so(tmp_path):
 
 def test_sweep_runs_each_decoding_at_each_batch_size_and_reports_the_frontier(tmp_path):
     sweep_file = _sweep_file(tmp_path, seeds=[0])
-    result = run_process(["sweep", sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA,
-                          "--run.wandb", "disabled"], cwd=tmp_path, timeout=900)
+    result = run_sweep([sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"],
+                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = tmp_path / "runs" / "frontier"
     for point, names in (("ar", ["greedy@b1", "greedy@b4"]),

@@ -99,6 +99,17 @@ def test_the_committed_results_pages_are_their_json_rendered():
             path.with_suffix(".md").read_text(encoding="utf-8"), path
 
 
+def test_the_readme_copies_of_tables_equal_their_pages():
+    """A table the README copies from a results page (between its markers) is the page's own."""
+    import re
+
+    root = Path(__file__).parents[1]
+    blocks = re.findall(r"<!-- table: (\S+) -->\n(.*?)\n<!-- /table -->", (root / "README.md").read_text(), re.S)
+    assert blocks, "the README shows the main job's table"
+    for page, table in blocks:
+        assert table == json.loads((root / page).with_suffix(".json").read_text())["markdown"]["table"], page
+
+
 def regenerate_fixture() -> None:  # pragma: no cover - run by hand after a deliberate change of the page
     """python -c 'import sys; sys.path.insert(0, "tests"); import test_publish; test_publish.regenerate_fixture()'"""
     import tempfile

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, FAST_TRAINER, png_size, run_process
+from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, FAST_TRAINER, png_size, run_sweep
 
 POINTS = ("n_heads=1", "n_heads=2")
 SEEDS = (0, 1)
@@ -25,11 +25,11 @@ def sweep_run(tmp_path_factory):
         "seeds": list(SEEDS),
         "evaluate": {"test": {}},
     }))
-    args = ["sweep", sweep_file, "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    args = [sweep_file, "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
     # The first run takes the one-run-per-GPU path (two "GPUs": CUDA_VISIBLE_DEVICES is harmless
     # on a CPU run), the rerun the sequential one.
-    first = run_process([*args, "--devices", "0,1"], cwd=folder, timeout=900)
-    second = run_process(args, cwd=folder, timeout=600)
+    first = run_sweep([*args, "--devices", "0,1"], cwd=folder)
+    second = run_sweep(args, cwd=folder)
     return folder / "runs" / "heads", first, second
 
 
@@ -77,7 +77,7 @@ def test_report_has_one_row_per_point_with_intervals_over_seeds(sweep_run):
     assert rows[0][4] == rows[1][4]
     nll = rows[0][header.index("test nll")]
     assert "±" in nll.strip("*")
-    data = json.loads((sweep_dir / "report" / "report.json").read_text())
+    data = json.loads((sweep_dir / "report" / "report.json").read_text())["rows"]
     entry = data[0]["test nll"]
     assert data[0]["seeds"] == list(SEEDS) and len(entry["values"]) == 2 and entry["n"] == 2
     low, high = entry["ci95"]
@@ -110,9 +110,8 @@ def test_a_run_interrupted_after_its_fit_resumes_instead_of_starting_over(sweep_
     metrics_before = (run / "fit" / "metrics.csv").read_text()
     (run / "done.json").unlink()
     folder = sweep_dir.parent.parent
-    args = ["sweep", folder / "heads.yaml", "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA,
-            "--run.wandb", "disabled"]
-    rerun = run_process(args, cwd=folder, timeout=600)
+    args = [folder / "heads.yaml", "--root", folder / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    rerun = run_sweep(args, cwd=folder)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "n_heads=2/seed1: resuming the unfinished earlier attempt" in rerun.stdout
     assert re.search(r"resuming \S+ from \S+last\.ckpt \(epoch", rerun.stdout + rerun.stderr)  # the fit itself
@@ -128,9 +127,8 @@ def test_seeds_flag_runs_each_point_n_times_and_evaluates_the_named_checkpoint(t
     sweep_file = tmp_path / "one.yaml"
     sweep_file.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "grid": {"model.init_args.backbone.n_heads": [2]},
                                           "evaluate": {"final": {"checkpoint": "last"}}}))
-    args = ["sweep", sweep_file, "--root", tmp_path / "runs", "--seeds", "2", *FAST_TRAINER, *DEBUG_DATA,
-            "--run.wandb", "disabled"]
-    dry = run_process([*args, "--dry-run"], cwd=tmp_path, timeout=120)
+    args = [sweep_file, "--root", tmp_path / "runs", "--seeds", "2", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    dry = run_sweep([*args, "--dry-run"], cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "n_heads=2/seed0 [fit]" in dry.stdout and "n_heads=2/seed1 [final]" in dry.stdout
     assert "--seed_everything=1" in dry.stdout and "checkpoint" not in dry.stdout  # not a config key
@@ -196,11 +194,11 @@ def test_a_failed_point_is_reported_and_set_aside_on_rerun(tmp_path):
     sweep_file = tmp_path / "bad_heads.yaml"
     # d_model 32 is not divisible by 3: the run fails with a config error before training.
     sweep_file.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "grid": {"model.init_args.backbone.n_heads": [3]}}))
-    args = ["sweep", sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
-    first = run_process(args, cwd=tmp_path)
+    args = [sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    first = run_sweep(args, cwd=tmp_path)
     assert first.returncode == 1
     assert "1 run(s) failed: n_heads=3" in first.stderr and "n_heads=3 does not divide" in first.stderr
-    second = run_process(args, cwd=tmp_path)
+    second = run_sweep(args, cwd=tmp_path)
     assert second.returncode == 1
     assert (tmp_path / "runs" / "bad_heads" / ".incomplete" / "n_heads=3-1").is_dir()
     assert "moved to" in second.stdout
@@ -259,10 +257,10 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
                    "dropout": {"model.init_args.backbone.dropout": 0.1, "model.init_args.optimizer.lr": 0.001}},
         "reference": "base",
     }, sort_keys=False))  # the file's order is the table's
-    args = ["sweep", sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
-    dry = run_process([*args, "--dry-run"], cwd=tmp_path, timeout=120)
+    args = [sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA, "--run.wandb", "disabled"]
+    dry = run_sweep([*args, "--dry-run"], cwd=tmp_path)
     assert "dropout [fit]" in dry.stdout and "--model.init_args.optimizer.lr=0.001" in dry.stdout
-    done = run_process(args, cwd=tmp_path, timeout=600)
+    done = run_sweep(args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep_dir = tmp_path / "runs" / "table"
     swept = {p: json.loads((sweep_dir / p / "done.json").read_text())["swept"] for p in ("base", "h=1", "dropout")}
@@ -271,7 +269,7 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
     assert swept["base"] == {heads: 2, dropout: 0.0, lr: 0.003}  # debug.yaml's values, from config.yaml
     assert swept["h=1"] == {heads: 1, dropout: 0.0, lr: 0.003}
     assert swept["dropout"] == {heads: 2, dropout: 0.1, lr: 0.001}
-    rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())}
+    rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())["rows"]}
     assert list(rows) == ["base", "h=1", "dropout"]
     tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "best" in v]
     assert {"test nll", "test chrf", "test exact_match"} <= set(tested)
