@@ -11,7 +11,7 @@ from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.components.attention import math_attention
 from attnlab.components.positional import apply_rotary
 from attnlab.experiment.attention_maps import AttentionMaps, render_checkpoint
-from conftest import debug_fit_args, png_size, run_main
+from conftest import MAPS_RUN, png_size, run_main
 from data_modules.batch import Example, collate
 
 EXAMPLE = Example([7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25], "src", "tgt")
@@ -121,13 +121,8 @@ def test_callback_skips_the_sanity_check_and_other_epochs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("maps")
-    args = debug_fit_args(root, "--trainer.callbacks+=attnlab.experiment.attention_maps.AttentionMaps",
-                          "--run.tensorboard", "true")
-    result = run_main(args, cwd=root)
-    assert result.code == 0, result.err[-3000:]
-    return root / "debug" / "v1"
+def fitted(trained_run):
+    return trained_run(*MAPS_RUN)[1]
 
 
 def test_fit_with_the_callback_writes_pngs_and_logs_them(fitted):

@@ -14,7 +14,6 @@ from attnlab.training.flops import family_flops_per_token, linear_params
 from attnlab.bench.references import TorchTranslator, hf_gpt2
 from attnlab.bench.report import check_targets
 from attnlab.bench.shapes import BenchShape
-from conftest import run_process
 
 TINY = BenchShape(vocab=97, d_model=32, n_layers=2, n_heads=4, d_ff=64, batch=3, seq_len=24,
                   ed_layers=2, ed_batch=3, ed_len=16, gen_batches=(2,), gen_prompt=4, gen_new=6, memory_lengths=(64, 128))
@@ -106,13 +105,24 @@ def test_targets_are_judged_from_the_measured_rows():
     assert not any("EncoderDecoder" in what for what in checks)  # no rows, no verdict
 
 
-def test_bench_command_writes_json_that_matches_its_table(tmp_path):
+def test_bench_command_writes_json_that_matches_its_table(tmp_path, cli, monkeypatch):
+    """In this process, with the compiled rows on the aot_eager backend (Inductor's C++ build would
+    take most of the test; test_compiled_decoding runs Inductor itself)."""
+    from attnlab.bench import memory, run
+    from attnlab.generation import compiled_step
+
+    monkeypatch.setattr(compiled_step, "BACKEND", "aot_eager")
+    # The memory probes in this process: a probe's own process (what the bench does on a CPU, for
+    # a clean peak RSS) is tested once below.
+    monkeypatch.setattr(run, "peak_bytes", memory.peak_bytes_here)
+    torch.compiler.reset()
     out = tmp_path / "bench.json"
-    shape = ["--set", "vocab=97", "d_model=32", "n_layers=2", "n_heads=4", "d_ff=64", "ed_batch=2", "ed_len=8",
+    shape = ["--set", "vocab=97", "d_model=32", "n_layers=1", "n_heads=4", "d_ff=64", "ed_batch=2", "ed_len=8",
              "gen_batches=1,2", "gen_prompt=4", "gen_new=5", "memory_lengths=64,128", "memory_math_max=64"]
-    result = run_process(["bench", "--batch", "2", "--seq-len", "16", "--rounds", "1", "--warmup", "0", "--no-hf",
-                          "--device", "cpu", *shape, "-o", out], cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = cli("bench", "--batch", "2", "--seq-len", "16", "--rounds", "1", "--warmup", "0", "--no-hf",
+                 "--device", "cpu", *shape, "-o", out)
+    torch.compiler.reset()
+    assert result.code == 0, result.err[-3000:]
     data = json.loads(out.read_text())
     assert set(data["training"]) == {"decoder_only", "block_diffusion", "encoder_decoder", "torch_transformer"}
     assert data["training"]["decoder_only"]["tokens_per_step"] == 2 * 16
@@ -123,14 +133,14 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     assert "torch_transformer" in data["generation"]["2"]
     assert set(data["memory"]["sdpa"]) == {"64", "128"} and set(data["memory"]["math"]) == {"64"}
     gqa = data["memory"]["gqa"]  # n_heads 4: the cache holds K and V of n_kv heads only
-    layers, batch, tokens, head_dim = 2, 2, 4 + 5, 32 // 4
+    layers, batch, tokens, head_dim = 1, 2, 4 + 5, 32 // 4
     assert {n: r["cache_bytes"] for n, r in gqa.items()} == {
         n: 2 * layers * batch * int(n) * tokens * head_dim * 4 for n in ("1", "2", "4")}
-    assert "| n_kv_heads |" in result.stdout
+    assert "| n_kv_heads |" in result.out
     ratio = {c["what"]: c["ratio"] for c in data["targets"]}["BlockDiffusion training vs DecoderOnly"]
     rows = data["training"]
     assert ratio == pytest.approx(rows["block_diffusion"]["tokens_per_s"] / rows["decoder_only"]["tokens_per_s"])
-    assert f"| decoder_only | {rows['decoder_only']['seconds_per_step']:.3f} |" in result.stdout
+    assert f"| decoder_only | {rows['decoder_only']['seconds_per_step']:.3f} |" in result.out
     # The peak: the best of every matmul size timed with the models, or the fastest model's rate.
     peaks = data["peak_flops"]
     assert set(peaks["by_size"]) == {f"matmul {n}" for n in (256, 512, 1024, 2048)}
@@ -138,7 +148,18 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     assert peaks["measured"] == pytest.approx(max(*peaks["by_size"].values(), fastest))
     assert peaks["raised_to_fastest_model"] == (fastest > max(peaks["by_size"].values()))
     assert all(0 < r["mfu_measured"] <= 1 for r in rows.values())
-    assert "peak matmul TFLOP/s by size" in result.stdout
+    assert "peak matmul TFLOP/s by size" in result.out
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads VmHWM from /proc/self/status")
+def test_the_cpu_memory_probe_measures_the_quadratic_scores_in_its_own_process():
+    """The math backend holds (heads x length x length) float32 scores: at 1,024 tokens and 4 heads
+    at least 16 MiB more than at 64 tokens, measured by the probe process the bench starts."""
+    from attnlab.bench.memory import peak_bytes
+
+    cpu = torch.device("cpu")
+    short, long = (peak_bytes(n, 32, 4, "math", cpu) for n in (64, 1024))
+    assert short > 0 and long - short > 4 * 1024 * 1024 * 4
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -146,9 +167,9 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path):
     (["--set", "gen_new=0"], "gen_new must be positive"),
     (["--device", "cuda:0"], "no CUDA device") if not torch.cuda.is_available() else (["--set", "vocab=x"], "integer"),
 ])
-def test_bad_bench_flags_fail_before_any_work(tmp_path, flags, message):
-    result = run_process(["bench", *flags, "-o", tmp_path / "b.json"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 2 and message in result.stderr
+def test_bad_bench_flags_fail_before_any_work(tmp_path, cli, flags, message):
+    result = cli("bench", *flags, "-o", tmp_path / "b.json")
+    assert result.code == 2 and message in result.err
     assert not (tmp_path / "b.json").exists()
 
 

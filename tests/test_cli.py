@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, debug_fit_args, read_metrics, run_main, run_process
+from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, ORACLE_RUN, read_metrics, run_process
 
 VERBS = ("fit", "validate", "test", "predict", "generate")
 
@@ -65,16 +65,10 @@ def test_console_script_is_installed(tmp_path):
 # ---- one trained run shared by the tests below ----------------------------------------------------
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(trained_run):
     """experiments/debug.yaml for one epoch (two steps), which ends with generation on val; the
     model is conftest.Oracle (a DecoderOnly whose generations are right on every second example)."""
-    root = tmp_path_factory.mktemp("cli_runs")
-    os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    result = run_main(debug_fit_args(root, "--model.class_path", "conftest.Oracle", version="trained"), cwd=root)
-    os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    assert result.code == 0, result.err[-3000:]
-    run_dir = root / "debug" / "trained"
-    return result, run_dir
+    return trained_run(*ORACLE_RUN)
 
 
 def _best_or_last(run_dir: Path) -> Path:

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DEBUG_DATA, DEBUG_YAML, EXPERIMENTS, assert_trained_on_the_lowest_variance_candidate, read_metrics, run_process
+from conftest import (
+    DEBUG_DATA,
+    DEBUG_YAML,
+    EXPERIMENTS,
+    assert_trained_on_the_lowest_variance_candidate,
+    read_metrics,
+    run_main,
+    run_process,
+)
 
 CPU = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
        "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"]
@@ -21,11 +29,16 @@ DATA = [*DEBUG_DATA[:2], "--data.init_args.max_eval_examples", "16", "--data.ini
 FSDP_YAML = EXPERIMENTS / "distributed" / "fsdp.yaml"
 
 
-def _fit(root, *extra, fragments=()):
-    """fit of debug.yaml; `fragments` are --config files placed before the overrides (they set devices)."""
+def _fit(root, *extra, fragments=(), in_process=False):
+    """fit of debug.yaml; `fragments` are --config files placed before the overrides (they set devices).
+    A one-process run may run in this process (`in_process`, without wandb)."""
     configs = [a for fragment in fragments for a in ("--config", fragment)]
     args = ["fit", "--config", DEBUG_YAML, *configs, "--run.root", root, "--run.wandb", "offline", *CPU, *DATA,
             "--trainer.max_epochs", "2", "--model.init_args.eval_every_n_epochs", "0", *extra]
+    if in_process:
+        result = run_main([*args, "--run.wandb", "disabled"], cwd=root)
+        assert result.code == 0, result.err[-3000:]
+        return result
     result = run_process(args, cwd=root, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -35,7 +48,8 @@ def _fit(root, *extra, fragments=()):
 def single_and_ddp(tmp_path_factory):
     single_root, ddp_root = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ddp")
     # The same global batch (32) and steps (2 per epoch): 1 x 32 against 2 ranks x 16.
-    _fit(single_root, "--trainer.devices", "1", "--data.init_args.batch_size", "32", "--run.version", "one")
+    _fit(single_root, "--trainer.devices", "1", "--data.init_args.batch_size", "32", "--run.version", "one",
+         in_process=True)
     _fit(ddp_root, *DDP, "--data.init_args.batch_size", "16")  # no --run.version: rank 1 must find rank zero's folder
     return single_root / "debug" / "one", ddp_root / "debug"
 
@@ -47,12 +61,12 @@ def test_validation_metrics_are_synchronised_exactly_across_ranks(single_and_ddp
     validate = ["validate", "--config", DEBUG_YAML]
     args = ["--run.root", tmp_path, "--run.wandb", "disabled", *CPU, *DATA,
             "--model.init_args.eval_every_n_epochs", "0", "--ckpt_path", single / "checkpoints" / "last.ckpt"]
-    one = run_process([*validate, *args, "--trainer.devices", "1", "--run.version", "v1"], cwd=tmp_path, timeout=300)
+    one = run_main([*validate, *args, "--trainer.devices", "1", "--run.version", "v1"], cwd=tmp_path)
     two = run_process([*validate, *args, *DDP, "--run.version", "v2"], cwd=tmp_path, timeout=300)
     fsdp = run_process([*validate, "--config", FSDP_YAML, *args, "--trainer.devices", "2", "--run.version", "v3"],
                        cwd=tmp_path, timeout=300)
-    assert one.returncode == 0 and two.returncode == 0 and fsdp.returncode == 0, (
-        one.stderr + two.stderr + fsdp.stderr)[-3000:]
+    assert one.code == 0 and two.returncode == 0 and fsdp.returncode == 0, (
+        one.err + two.stderr + fsdp.stderr)[-3000:]
     nll_one = read_metrics(tmp_path / "debug" / "v1")["val/nll"][-1]
     nll_two = read_metrics(tmp_path / "debug" / "v2")["val/nll"][-1]
     nll_fsdp = read_metrics(tmp_path / "debug" / "v3")["val/nll"][-1]
@@ -83,9 +97,9 @@ def test_an_odd_validation_split_counts_every_example_once(single_and_ddp, tmp_p
     args = ["validate", "--config", DEBUG_YAML, "--run.root", tmp_path, "--run.wandb", "disabled", *CPU,
             *DEBUG_DATA[:2], "--data.init_args.max_eval_examples", "15", "--data.init_args.eval_batch_size", "4",
             "--trainer.limit_val_batches", "1.0", "--ckpt_path", single / "checkpoints" / "last.ckpt"]
-    one = run_process([*args, "--trainer.devices", "1", "--run.version", "one"], cwd=tmp_path, timeout=300)
+    one = run_main([*args, "--trainer.devices", "1", "--run.version", "one"], cwd=tmp_path)
     two = run_process([*args, *DDP, "--run.version", "two"], cwd=tmp_path, timeout=300)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert one.code == 0 and two.returncode == 0, (one.err + two.stderr)[-3000:]
     m1, m2 = (read_metrics(tmp_path / "debug" / v) for v in ("one", "two"))
     for key in ("val/loss", "val/nll", "val/bpb", "val/bleu", "val/chrf", "val/exact_match"):
         assert m2[key][-1] == pytest.approx(m1[key][-1], rel=1e-6, abs=1e-6), key

@@ -10,7 +10,7 @@ import torch
 
 from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.experiment.head_ablation import ablate, apply_mask, attention_modules, evaluate, make_batches
-from conftest import debug_fit_args, png_size, run_main
+from conftest import MAPS_RUN, png_size
 from data_modules.batch import Example
 
 EXAMPLES = [Example([7, 8, 9], [20, 21, 22, 23, 24], "", ""), Example([11, 12], [25, 26], "", ""),
@@ -82,11 +82,8 @@ def test_pruning_curve_starts_at_the_unablated_value_with_one_point_per_head():
 # ---- the command ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ablate")
-    result = run_main(debug_fit_args(root), cwd=root)
-    assert result.code == 0, result.err[-3000:]
-    return root / "debug" / "v1" / "checkpoints" / "last.ckpt"
+def checkpoint(trained_run):
+    return trained_run(*MAPS_RUN)[1] / "checkpoints" / "last.ckpt"
 
 
 def test_ablate_heads_writes_table_json_and_png(cli, checkpoint):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import debug_fit_args, read_metrics, run_main, run_process
+from conftest import ORACLE_RUN, debug_fit_args, read_metrics, run_main, run_process
 
 VAL_KEYS = ("val/loss", "val/nll", "val/ppl", "val/bpb", "val/exact_match", "val/bleu", "val/chrf", "val/gen_tokens_per_s",
             "val/nfe_per_token")
@@ -69,17 +69,10 @@ def test_wandb_mode_from_the_environment_wins_over_auto(cli, tmp_path, monkeypat
 # ---- a short fit that validates (and generates) at the end of its one epoch ----------------------
 
 @pytest.fixture(scope="module")
-def short_fit(tmp_path_factory):
-    root = tmp_path_factory.mktemp("logging_runs")
-    os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    result = run_main(debug_fit_args(
-        root, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--run.tensorboard", "true",
-        "--model.class_path", "conftest.Oracle",  # right on every second example: exact match 50 %
-        version="short",
-    ), cwd=root)
-    os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    assert result.code == 0, result.err[-3000:]
-    return result, root / "debug" / "short"
+def short_fit(trained_run):
+    """One epoch of two steps with TensorBoard on; conftest.Oracle is right on every second example
+    (exact match 50 %)."""
+    return trained_run(*ORACLE_RUN)
 
 
 def test_csv_has_every_evaluation_key(short_fit):

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import debug_fit_args, read_metrics, run_process
+from conftest import debug_fit_args, read_metrics, run_main, run_process
 
 # 64 pairs / batch 8 = 8 steps per epoch, 2 epochs; dropout on, so the RNG state matters too.
 # last.ckpt every 2 steps: killed when global step 5 starts, the checkpoint is step 4 (mid-epoch 0)
@@ -52,6 +52,21 @@ def _run_killed(args, cwd, step):
         [sys.executable, "-c", KILLER.format(step=step), *[str(a) for a in args]],
         cwd=cwd, env=dict(os.environ), timeout=180, capture_output=True, text=True, errors="replace",
     )
+
+
+def _run(args, cwd):
+    """`attnlab ARGS` in this process, as run_process returns it; warnings (pytest would swallow
+    them) are appended to stderr. Only for runs whose numbers are not compared: a fit in this
+    process after the rest of the suite has been seen to differ from a fresh process's at step 0,
+    so the runs compared step by step each get a process of their own."""
+    import subprocess
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_main(args, cwd=cwd)
+    err = result.err + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
+    return subprocess.CompletedProcess(args, result.code, result.out, err)
 
 
 def _steps(run_dir, key):
@@ -176,7 +191,7 @@ def test_a_new_run_says_how_to_resume(tmp_path):
     args = debug_fit_args(tmp_path)
     at = args.index("--run.version")
     del args[at : at + 2]  # a timestamped run
-    proc = run_process(args, cwd=tmp_path)
+    proc = _run(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if "if interrupted" in l)
     version = next((tmp_path / "debug").iterdir()).name
