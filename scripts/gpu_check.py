@@ -29,12 +29,31 @@ MFU_GOAL = 0.45  # REFERENCE.md: gpt2-small with compile + bf16 on an H100 / H20
 TOY = ["vocab=97", "d_model=32", "n_layers=2", "n_heads=4", "d_ff=64"]
 
 
-def attnlab(args: list[str], out: Path, log: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m attnlab ARGS`, its output kept in OUT/LOG (the table quotes only the verdict)."""
-    result = subprocess.run([sys.executable, "-m", "attnlab", *map(str, args)], cwd=REPO, env=env,
-                            capture_output=True, text=True)
-    (out / log).write_text(result.stdout + result.stderr)
-    return result
+def attnlab(args: list[str], out: Path, log: str, in_process: bool = False) -> subprocess.CompletedProcess:
+    """`python -m attnlab ARGS`, its output kept in OUT/LOG (the table quotes only the verdict).
+    `in_process` (--smoke): the same command in this process, without a start-up per command."""
+    args = [str(a) for a in args]
+    if not in_process:
+        result = subprocess.run([sys.executable, "-m", "attnlab", *args], cwd=REPO, capture_output=True, text=True)
+        (out / log).write_text(result.stdout + result.stderr)
+        return result
+    import contextlib
+    import io
+
+    from attnlab.cli.main import main as attnlab_main
+
+    buffer, previous = io.StringIO(), os.getcwd()
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            try:
+                code = attnlab_main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(previous)
+    (out / log).write_text(buffer.getvalue())
+    return subprocess.CompletedProcess(args, code, buffer.getvalue(), "")
 
 
 def bench_row(args, out: Path) -> list:
@@ -44,7 +63,7 @@ def bench_row(args, out: Path) -> list:
         flags += ["--precision", "32", "--batch", "2", "--seq-len", "16", "--rounds", "1", "--warmup", "0", "--set", *TOY]
     else:
         flags += ["--size", "gpt2-small", "--precision", "bf16-mixed", "--compile", "--rounds", "10", "--warmup", "3"]
-    result = attnlab(flags, out, "bench.log")
+    result = attnlab(flags, out, "bench.log", in_process=args.smoke)
     what = "gpt2-small bench, bf16-mixed + compile" if not args.smoke else "bench (smoke: toy shape, fp32)"
     if result.returncode != 0:
         return [what, f"exit {result.returncode} (see bench.log)", f"MFU >= {MFU_GOAL:.0%}", False]
@@ -75,7 +94,7 @@ def precision_rows(args, out: Path) -> list[list]:
                      "--trainer.accelerator", "cpu" if args.device == "cpu" else "gpu"]
             if args.smoke:
                 flags += ["--data.init_args.n_train", "64", "--data.init_args.max_eval_examples", "8"]
-            result = attnlab(flags, out, f"fit_{family}_{precision}.log")
+            result = attnlab(flags, out, f"fit_{family}_{precision}.log", in_process=args.smoke)
             losses[precision] = final_loss(out / "fits" / family / precision) if result.returncode == 0 else math.nan
         fp32, bf16 = losses["32-true"], losses["bf16-mixed"]
         gap = abs(bf16 - fp32) / fp32 if fp32 else math.nan

@@ -106,12 +106,12 @@ def test_targets_are_judged_from_the_measured_rows():
 
 
 def test_bench_command_writes_json_that_matches_its_table(tmp_path, cli, monkeypatch):
-    """In this process, with the compiled rows on the aot_eager backend (Inductor's C++ build would
+    """In this process, with the compiled rows on Dynamo's eager backend (Inductor's C++ build would
     take most of the test; test_compiled_decoding runs Inductor itself)."""
     from attnlab.bench import memory, run
     from attnlab.generation import compiled_step
 
-    monkeypatch.setattr(compiled_step, "BACKEND", "aot_eager")
+    monkeypatch.setattr(compiled_step, "BACKEND", "eager")
     # The memory probes in this process: a probe's own process (what the bench does on a CPU, for
     # a clean peak RSS) is tested once below.
     monkeypatch.setattr(run, "peak_bytes", memory.peak_bytes_here)

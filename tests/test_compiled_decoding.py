@@ -2,9 +2,11 @@
 eager decoding for every family and positional encoding, with and without padding, greedy and
 beam; the fixed cache is written in place and refuses to overflow.
 
-The matrix compiles with the "aot_eager" backend (Dynamo's graph capture and AOTAutograd, the
-graph Inductor would compile, in a fraction of the time); one test per family compiles with
-Inductor itself, as `generation.compile` does.
+The matrix compiles with Dynamo's "eager" backend: the step is captured as a graph (guards,
+graph breaks, dynamic shapes, the fixed state read and written inside it) and run as captured,
+in a fraction of the time. One test per family compiles with Inductor itself, as
+`generation.compile` does, which adds what the matrix leaves out: AOTAutograd's functional
+rewrite of the in-place cache writes, and generated kernels.
 """
 from __future__ import annotations
 
@@ -33,16 +35,16 @@ BUDGETS = torch.tensor([7, 10, 5])
 
 @pytest.fixture(autouse=True)
 def cheap_backend(monkeypatch):
-    """aot_eager, and fresh Dynamo caches per test: every model here is really compiled (Dynamo
-    falls back to eager, silently, past its recompile limit of 8 graphs per function)."""
-    monkeypatch.setattr(compiled_step, "BACKEND", "aot_eager")
+    """Dynamo's eager backend, and fresh Dynamo caches per test: every model here is really
+    captured (Dynamo falls back to eager, silently, past its recompile limit of 8 graphs per function)."""
+    monkeypatch.setattr(compiled_step, "BACKEND", "eager")
     torch.compiler.reset()
     yield
     torch.compiler.reset()
 
 
 def config(positional: str, n_layers: int = 1) -> BackboneConfig:
-    """One layer for the aot_eager matrix (Dynamo's tracing time grows with the layers it unrolls);
+    """One layer for the matrix (Dynamo's tracing time grows with the layers it unrolls);
     the Inductor test below decodes two, so a cache mixed up between layers still fails there."""
     return BackboneConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=n_layers, d_ff=64, dropout=0.0,
                           positional=positional, max_positions=64)

@@ -23,7 +23,7 @@ import torch
 
 from attnlab.components import DecodeState
 
-BACKEND = "inductor"  # tests may swap in a cheaper one ("aot_eager" computes the same graph)
+BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
 INDUCTOR_OPTIONS = {"cpp_wrapper": True}
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # stack -> {kind: compiled function}
 
