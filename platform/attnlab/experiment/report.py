@@ -134,7 +134,8 @@ def sweep_reference(points: list[Point]) -> str | None:
     return reference if reference in {p.name for p in points} else None
 
 
-def _cell(column: Column, point: Point) -> str:
+def _cell(column: Column, point: Point, marks: bool = True) -> str:
+    """The table's text of one cell; `marks`: bold for the best row, `*` for a significant difference."""
     if not column.numeric:
         value = column.value(point.first)
         return "—" if value is None else column.fmt(value)
@@ -142,7 +143,7 @@ def _cell(column: Column, point: Point) -> str:
     if summary is None:
         return "—"
     text = column.fmt(summary.mean) + (f" ± {column.fmt(summary.std)}" if summary.n > 1 else "")
-    tests = column.tests
+    tests = column.tests if marks else None
     if tests is not None and tests.best == point.name:
         return f"**{text}**"
     if tests is not None and (p := tests.p_values.get(point.name)) is not None and p < ALPHA:
@@ -221,7 +222,7 @@ def quality_cells(points: list[Point], columns: list[Column]) -> dict[str, dict[
     """Per row, every validation and test quality cell as the table shows it (without marks):
     what a rerun must reproduce for its page's history to say that every quality number matched."""
     quality = [c for c in columns if c.metric is not None or c.header.startswith("val ")]
-    return {p.name: {c.header: _cell(Column(c.header, c.value, c.fmt, c.numeric), p) for c in quality} for p in points}
+    return {p.name: {c.header: _cell(c, p, marks=False) for c in quality} for p in points}
 
 
 def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
