@@ -105,9 +105,9 @@ def test_tensorboard_writes_event_files(short_fit):
 def test_two_runs_in_one_process_get_two_folders(tmp_path, monkeypatch):
     """Both runs start in the same second (the clock is frozen, not slept past): the default
     version is the timestamp, and the second run gets it suffixed instead of the first's folder."""
-    from attnlab.loggers import run_loggers
+    from attnlab.training import run_folder
 
-    monkeypatch.setattr(run_loggers, "time", SimpleNamespace(strftime=lambda fmt: "20260101-120000"))
+    monkeypatch.setattr(run_folder, "time", SimpleNamespace(strftime=lambda fmt: "20260101-120000"))
     args = debug_fit_args(tmp_path, "--trainer.max_steps", "1")
     version_at = args.index("--run.version")
     del args[version_at : version_at + 2]  # the default: a timestamp

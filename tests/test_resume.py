@@ -32,7 +32,7 @@ from attnlab.families.base import FamilyModule
 original = FamilyModule.on_train_batch_start
 def on_train_batch_start(self, batch, batch_idx):
     if self.trainer.global_step == {step}:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.{signal})
     return original(self, batch, batch_idx)
 FamilyModule.on_train_batch_start = on_train_batch_start
 from attnlab.cli.main import main
@@ -44,12 +44,12 @@ def _args(root, version, *extra):
     return debug_fit_args(root, *RESUME_ARGS, *extra, version=version)
 
 
-def _run_killed(args, cwd, step):
-    """`attnlab ARGS` in a process that SIGKILLs itself when global step `step` starts."""
+def _run_killed(args, cwd, step, signal_name="SIGKILL"):
+    """`attnlab ARGS` in a process that sends itself `signal_name` when global step `step` starts."""
     import subprocess
 
     return subprocess.run(
-        [sys.executable, "-c", KILLER.format(step=step), *[str(a) for a in args]],
+        [sys.executable, "-c", KILLER.format(step=step, signal=signal_name), *[str(a) for a in args]],
         cwd=cwd, env=dict(os.environ), timeout=180, capture_output=True, text=True, errors="replace",
     )
 
@@ -122,6 +122,27 @@ def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming " in resumed.stdout and f"last.ckpt (epoch 0, step {kill_at - 1})" in resumed.stdout
     assert "not resumable" not in resumed.stderr  # Lightning's warning: ours is resumable
+    _assert_same_run(run_dir, uninterrupted)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, uninterrupted, signal_name):
+    """SIGTERM (SLURM, Kubernetes) or Ctrl-C while step 5 trains, mid-epoch: the step finishes,
+    last.ckpt holds it (global step 6; the periodic saves wrote step 4), the process says so and
+    exits 75; the same command then resumes to the uninterrupted run's metrics."""
+    from attnlab.interruption import EXIT_INTERRUPTED
+
+    args = _args(tmp_path, "cut")
+    stopped = _run_killed(args, tmp_path, 5, signal_name)
+    assert stopped.returncode == EXIT_INTERRUPTED == 75, stopped.stderr[-3000:]
+    assert f"interrupted ({signal_name}) at step 6" in stopped.stdout and "the same command resumes it" in stopped.stdout
+    assert "Traceback" not in stopped.stderr
+    run_dir = tmp_path / "debug" / "cut"
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert (state["global_step"], state["epoch"]) == (6, 0)
+    resumed = run_process(args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "last.ckpt (epoch 0, step 6)" in resumed.stdout
     _assert_same_run(run_dir, uninterrupted)
 
 

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.checkpoints.atomic import AtomicCheckpointIO
 from attnlab.checkpoints.averaging import CheckpointAveraging
 from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
@@ -17,6 +18,8 @@ from attnlab.distributed.failures import ChildProcessReaper
 from attnlab.experiment.spec import name_under_experiments
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
+from attnlab.training.preemption import Preemption
+from attnlab.training.run_folder import Version, hold_run_folder, resolve_version
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.per_example import PerExampleWriter, gather_rows
 from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
@@ -41,6 +44,7 @@ class AttnlabCLI(LightningCLI):
                 NonFiniteLossGuard(),
                 ChildProcessReaper(),
                 PerExampleWriter(),
+                Preemption(),  # after LastCheckpoint: SIGTERM / Ctrl-C save last.ckpt and exit 75
             ]},
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,
@@ -158,21 +162,36 @@ class AttnlabCLI(LightningCLI):
         if trainer_config.get("enable_model_summary", True) is not False:  # ours instead of Lightning's default
             self.trainer_defaults["callbacks"].append(ParameterSummary())
             kwargs["enable_model_summary"] = False
+        options = self.setting(self.config_init, "run")
+        self._version = resolve_version(options.version, lambda v: Path(options.root) / self._experiment_name() / v)
         self._resume_from = self._find_resume()
         if trainer_config.get("logger") in (None, True):
+            hold_run_folder(self._run_dir())  # a second command on this folder stops here, having written nothing
             kwargs["logger"] = build_loggers(
-                self.setting(self.config_init, "run"), self._experiment_name(), config=self.config_as_dict(),
+                options, self._experiment_name(), self._version.name, config=self.config_as_dict(),
                 resume=self._resume_from is not None and self._resume_from[1],
             )
+        kwargs["plugins"] = with_atomic_checkpoints(trainer_config.get("plugins"))
+        for callback in self.trainer_defaults["callbacks"]:
+            if isinstance(callback, Preemption):
+                callback.resume_hint = self._resume_hint()
         trainer = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":
             self._announce_run(trainer)
         return trainer
 
-    def _run_dir(self) -> Path | None:
-        """runs/<name>/<version>, when --run.version names it (a timestamped run has none yet)."""
-        options = self.setting(self.config_init, "run")
-        return Path(options.root) / self._experiment_name() / options.version if options.version else None
+    def _run_dir(self) -> Path:
+        """runs/<name>/<version> (the version is resolved in instantiate_trainer)."""
+        return Path(self.setting(self.config_init, "run").root) / self._experiment_name() / self._version.name
+
+    def _resume_hint(self) -> str:
+        """What resumes this run folder after an interruption."""
+        version: Version = self._version
+        if version.source == "--run.version" and version.named:
+            return "the same command resumes it"
+        if version.named:
+            return f"the same command in a job with the same {version.source} resumes it (or add --run.version {version.name})"
+        return f"the same command plus --run.version {version.name} resumes it"
 
     def _find_resume(self) -> tuple[str, bool] | None:
         """(checkpoint to resume `fit` from, whether it continues this run folder's logs), or None.
@@ -184,16 +203,17 @@ class AttnlabCLI(LightningCLI):
         if self.subcommand != "fit":
             return None
         ckpt_path, run_dir = self.setting(self.config, "ckpt_path"), self._run_dir()
-        last = last_checkpoint(run_dir) if run_dir is not None else None
+        last = last_checkpoint(run_dir) if self._version.named else None
         if ckpt_path is None or str(ckpt_path) == "last":
             if last is None:
                 if ckpt_path is not None:
-                    self._say(f"--ckpt_path last: no {run_dir or 'runs/<name>/<version>'}/checkpoints/last.ckpt "
+                    named = run_dir if self._version.named else "runs/<name>/<version>"
+                    self._say(f"--ckpt_path last: no {named}/checkpoints/last.ckpt "
                               "(name the run with --run.version): starting from scratch")
                 return None
             self._say(f"resuming {run_dir} from {last}{_step_of(last)}")
             return str(last), True
-        continues = run_dir is not None and (run_dir / "metrics.csv").is_file()
+        continues = self._version.named and (run_dir / "metrics.csv").is_file()
         return str(ckpt_path), continues
 
     @rank_zero_only
@@ -205,11 +225,7 @@ class AttnlabCLI(LightningCLI):
         loggers = trainer.loggers
         if not loggers or self._resume_from is not None:
             return
-        if self.setting(self.config_init, "run").version is None:
-            how = f"the same command plus --run.version {Path(loggers[0].log_dir).name}"
-        else:
-            how = "the same command"
-        print(f"run folder: {loggers[0].log_dir}; if interrupted, {how} resumes it", flush=True)
+        print(f"run folder: {loggers[0].log_dir}; if interrupted, {self._resume_hint()}", flush=True)
 
     @rank_zero_only
     def _summarise(self, stage: str) -> None:
@@ -259,6 +275,17 @@ class AttnlabCLI(LightningCLI):
         for row in rows[:3]:
             print(f"  {row['source']}\n    ref: {row['reference']}\n    out: {row['hypothesis']}")
         print(f"{len(rows)} predictions written to {out}")
+
+
+def with_atomic_checkpoints(plugins):
+    """The trainer's plugins, with checkpoints written beside their target, flushed, then renamed
+    over it (attnlab.checkpoints.atomic), unless the config brings its own CheckpointIO."""
+    from lightning.fabric.plugins import CheckpointIO
+
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def _step_of(checkpoint: Path) -> str:

@@ -17,6 +17,7 @@ import sys
 from attnlab.cli.quiet import silence_library_noise
 from attnlab.cli.runtime import tune_allocator
 from attnlab.errors import AttnlabError
+from attnlab.interruption import interrupted_status
 
 LIGHTNING_VERBS = {
     "fit": "train a model: attnlab fit --config experiments/decoder_only.yaml",
@@ -262,6 +263,15 @@ def run_verb(argv: list[str] | None = None) -> int:
     tune_allocator()
     silence_library_noise()
     try:
+        return _run_verb(verb, argv, from_command_line, debug)
+    finally:
+        from attnlab.training.run_folder import release_run_folders
+
+        release_run_folders()  # a command run in-process (a notebook, the tests) lets its run folder go
+
+
+def _run_verb(verb: str, argv: list[str], from_command_line: bool, debug: bool) -> int:
+    try:
         if verb in VERB_MAINS:
             return VERB_MAINS[verb](argv[1:])
         if verb not in LIGHTNING_VERBS:
@@ -276,6 +286,11 @@ def run_verb(argv: list[str] | None = None) -> int:
         gc.collect()  # the run's trainer and sharded model hold the process group: let them go first
         close_process_group()
         return 0
+    except SystemExit as err:  # also argparse's --help, which ends here as it should
+        status = interrupted_status(err)
+        if status is None:
+            raise
+        return status
     except argparse.ArgumentError as err:  # a config key or value jsonargparse rejected
         if debug:
             raise

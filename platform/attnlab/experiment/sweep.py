@@ -15,22 +15,27 @@ rerun can tell what is done:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
+from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.provenance import write_sweep_record
+from attnlab.interruption import EXIT_INTERRUPTED, Preempted
 from attnlab.experiment.spec import (
     SweepPoint,
     SweepSpec,
@@ -168,7 +173,12 @@ class SweepRunner:
             where = f" on GPU {device}" if device is not None else ""
             print(f"[sweep] {label}: {stage}{where}" + (f" (log: {log})" if log else ""), flush=True)
             started = time.perf_counter()
-            if self._call(args, env, log) != 0:
+            status = EXIT_INTERRUPTED if STOP.requested else self._call(args, env, log)
+            if status == EXIT_INTERRUPTED:  # preempted: unfinished, not failed; the same sweep command resumes it
+                message = f"[sweep] {label}: {stage} was interrupted; the same sweep command resumes it"
+                print(message, file=sys.stderr, flush=True)
+                raise Preempted(message)
+            if status != 0:
                 print(f"[sweep] {label}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
                 return False
             seconds[stage] = round(time.perf_counter() - started, 1)
@@ -185,16 +195,50 @@ class SweepRunner:
                                 for name, (decoding, batch) in self.spec.frontier.evaluations.items()
                                 if name in seconds}  # the ones this point ran
             done["frontier_reference"] = self.spec.frontier.reference
-        (folder / "done.json").write_text(json.dumps(done, indent=1) + "\n")
+        atomic_write_text(folder / "done.json", json.dumps(done, indent=1) + "\n")  # written last, whole
         return True
 
     @staticmethod
     def _call(args: list[str], env: dict, log: Path | None) -> int:
         command = [sys.executable, "-m", "attnlab", *args]
-        if log is None:
-            return subprocess.call(command, env=env)
-        with log.open("a") as out:
-            return subprocess.call(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        with log.open("a") if log is not None else contextlib.nullcontext() as out:
+            child = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+            STOP.children.add(child)
+            try:
+                return child.wait()
+            finally:
+                STOP.children.discard(child)
+
+
+class _Stop:
+    """A sweep asked to stop (SIGTERM, Ctrl-C): the running fits get SIGTERM (a terminal's Ctrl-C has
+    reached them already), save last.ckpt and exit EXIT_INTERRUPTED; no further run starts."""
+
+    def __init__(self):
+        self.requested = False
+        self.children: set[subprocess.Popen] = set()
+
+    def __call__(self, signum, frame) -> None:
+        self.requested = True
+        if signum == signal.SIGTERM:  # a scheduler may signal this process alone
+            for child in list(self.children):
+                child.send_signal(signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """These handlers while the sweep runs its points (the previous ones after)."""
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {signum: signal.signal(signum, self) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+STOP = _Stop()
 
 
 def config_value(value, key: str):
@@ -273,7 +317,8 @@ def sweep_main(argv: list[str]) -> int:
                 print(f"{point.folder} [{stage}]: attnlab {' '.join(command)}")
         return 0
     to_run = [p for p in spec.points() if not runner.is_done(p)]
-    failed = runner.run()
+    with STOP.installed():
+        failed = runner.run()
     if to_run or not (runner.sweep_dir / "sweep.json").is_file():  # a rerun that only reports keeps the record
         write_sweep_record(runner.sweep_dir, "attnlab sweep " + shlex.join(argv), args.sweep_file, spec.name)
     if any(runner.is_done(p) for p in spec.points()):

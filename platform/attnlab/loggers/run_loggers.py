@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import netrc
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from lightning.pytorch.loggers import Logger
 
+from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.errors import ConfigError
 from attnlab.training.resume import ResumableCSVLogger
 
@@ -92,30 +92,16 @@ def resolve_wandb_mode(requested: str) -> str:
     return requested
 
 
-def run_version(options: RunOptions, name: str) -> str:
-    """A new timestamp per run (suffixed if taken); DDP workers inherit rank zero's via the environment."""
-    if options.version:
-        return options.version
-    inherited = os.environ.get("ATTNLAB_RUN_VERSION")
-    if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
-        return inherited
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    version, n = stamp, 1
-    while (Path(options.root) / name / version).exists():
-        version, n = f"{stamp}-{n}", n + 1
-    os.environ["ATTNLAB_RUN_VERSION"] = version
-    return version
-
-
-def build_loggers(options: RunOptions, name: str, config: dict | None = None, resume: bool = False) -> list[Logger]:
-    """resume: the run continues from its last.ckpt, so metrics.csv and the wandb run continue too."""
+def build_loggers(options: RunOptions, name: str, version: str, config: dict | None = None,
+                  resume: bool = False) -> list[Logger]:
+    """Loggers of run folder `<root>/<name>/<version>` (attnlab.training.run_folder picks the version).
+    resume: the run continues from its last.ckpt, so metrics.csv and the wandb run continue too."""
     mode = resolve_wandb_mode(options.wandb)
     if mode == "online" and not wandb_credentials_present():
         raise ConfigError(
             "run.wandb=online but no wandb credentials were found: run `wandb login` or set "
             "WANDB_API_KEY, or use --run.wandb auto (offline without credentials) / offline / disabled"
         )
-    version = run_version(options, name)
     loggers: list[Logger] = [ResumableCSVLogger(options.root, name=name, version=version, resume=resume)]
     run_dir = Path(options.root) / name / version
     if options.tensorboard:
@@ -150,7 +136,7 @@ def wandb_run_id(run_dir: Path, resume: bool) -> dict:
     import string
 
     run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # wandb's id format
-    path.write_text(run_id + "\n")
+    atomic_write_text(path, run_id + "\n")
     return {"id": run_id}
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import lightning as L
 
+from attnlab.checkpoints.atomic import atomic_write_text
+
 
 class RunSummary(L.Callback):
     """Family, parameter count, wall time of fit, epochs and steps, written when fit ends."""
@@ -29,6 +31,4 @@ class RunSummary(L.Callback):
             "epochs": trainer.current_epoch,
             "steps": trainer.global_step,
         }
-        path = Path(log_dir) / "summary.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=1) + "\n")
+        atomic_write_text(Path(log_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")

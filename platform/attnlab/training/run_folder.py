@@ -1,0 +1,156 @@
+"""One run folder per run: its version is the same on every rank and node, and one process at a
+time writes it.
+
+The version (`runs/<name>/<version>/`) is, in order: `--run.version`; rank zero's, inherited by
+the processes Lightning starts itself; the launcher's job id, so that every node of a torchrun
+or SLURM job agrees and a relaunch of the same job resumes it; else rank zero's timestamp,
+broadcast through torchrun's store. Timestamps are never taken on other ranks, whose clocks may
+differ.
+
+The process that writes a run folder holds an exclusive `flock` on `<folder>/.lock`, holding its
+PID and host. A second command on the folder is refused in one line naming them. The kernel
+releases the lock when its process dies, however it dies, so a killed run's lock is simply taken.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from attnlab.errors import ConfigError
+
+INHERITED = "ATTNLAB_RUN_VERSION"  # rank zero's version, for the processes Lightning starts
+LOCK_FILE = ".lock"
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+
+
+@dataclass(frozen=True)
+class Version:
+    name: str
+    named: bool  # the same command finds this folder again (--run.version or a job id)
+    source: str = "--run.version"
+
+
+def is_global_rank_zero() -> bool:
+    """Whether this process is rank zero of its job, before any process group exists."""
+    return all(int(os.environ.get(variable) or 0) == 0 for variable in _RANK_VARIABLES)
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+
+
+def launcher_job_id() -> tuple[str, str] | None:
+    """(version, its source) from the launcher of a job of several processes, if it names the job."""
+    if world_size() < 2:
+        return None
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return f"torchrun-{run_id}", "--rdzv-id"
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ['SLURM_JOB_ID']}", "SLURM_JOB_ID"
+    return None
+
+
+def resolve_version(version: str | None, folder_of) -> Version:
+    """The run's version. `folder_of(version)` is the run folder a version names."""
+    if version:
+        return Version(version, named=True)
+    inherited = os.environ.get(INHERITED)
+    if inherited and not is_global_rank_zero():
+        return Version(inherited, named=False)
+    job = launcher_job_id()
+    if job is not None:
+        return Version(job[0], named=True, source=job[1])
+    if world_size() > 1:
+        return Version(_broadcast_from_rank_zero(lambda: _new_stamp(folder_of)), named=False)
+    stamp = _new_stamp(folder_of)
+    os.environ[INHERITED] = stamp
+    return Version(stamp, named=False)
+
+
+def _new_stamp(folder_of) -> str:
+    """A timestamp whose folder this call creates (a suffix when taken, also by a command started
+    in the same second)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    version, n = stamp, 1
+    while True:
+        try:
+            folder_of(version).mkdir(parents=True)
+            return version
+        except FileExistsError:
+            version, n = f"{stamp}-{n}", n + 1
+
+
+def _agent_store():
+    """torchrun's store (the one its workers rendezvous through), as a client, or None."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    from torch.distributed import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(minutes=5))
+
+
+def _broadcast_from_rank_zero(pick) -> str:
+    store = _agent_store()
+    if store is None:  # no store to share through: a job without a job id must name its run
+        raise ConfigError("a job of several processes without a launcher job id (torchrun --rdzv-id, SLURM_JOB_ID): "
+                          "add --run.version NAME to every process's command so all of them write one run folder")
+    key = f"attnlab/run_version/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if is_global_rank_zero():
+        version = pick()
+        store.set(key, version)
+        return version
+    return store.get(key).decode()
+
+
+class RunFolderLock:
+    """An exclusive lock on a run folder while this process writes it (see the module docstring)."""
+
+    held: dict[Path, "RunFolderLock"] = {}
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder).absolute()
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunFolderLock":
+        if self.folder in RunFolderLock.held:
+            return RunFolderLock.held[self.folder]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 256).decode("utf-8", "replace").split()
+            os.close(fd)
+            pid, host = (holder + ["?", "?"])[:2]
+            raise ConfigError(f"run folder {self.folder} is in use by PID {pid} on {host}: wait for that run to end "
+                              "(or stop it), or choose another --run.version") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self._fd = fd
+        RunFolderLock.held[self.folder] = self
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        RunFolderLock.held.pop(self.folder, None)
+
+
+def hold_run_folder(folder: Path) -> RunFolderLock | None:
+    """Lock `folder` on rank zero (the process that writes it); other ranks hold nothing."""
+    return RunFolderLock(folder).acquire() if is_global_rank_zero() else None
+
+
+def release_run_folders() -> None:
+    """Let every folder this process holds go (a command run in-process is over)."""
+    for lock in list(RunFolderLock.held.values()):
+        lock.release()
