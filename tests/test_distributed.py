@@ -225,33 +225,87 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_two_nodes_with_the_multinode_fragment(tmp_path):
-    """The README's torchrun command for two machines, run as two 'nodes' of one CPU process each
-    on this machine: Lightning takes the ranks from torchrun (num_nodes 2 x devices 1 = world size
-    2), and the run writes one run folder (--run.version: each node picks its own timestamp)."""
+NODE_SCRIPT = """
+import os, signal, sys
+from attnlab.families.base import FamilyModule
+kill_at = int(os.environ.get("KILL_AT_STEP", "-1"))  # the first launch only: the node's process dies there
+original = FamilyModule.on_train_batch_start
+def on_train_batch_start(self, batch, batch_idx):
+    if self.trainer.global_step == kill_at and self.trainer.global_rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, batch, batch_idx)
+FamilyModule.on_train_batch_start = on_train_batch_start
+def on_fit_end(self):  # where this rank's own logger would write
+    print(f"rank {self.trainer.global_rank} logs to {self.trainer.loggers[0].log_dir}", flush=True)
+FamilyModule.on_fit_end = on_fit_end
+from attnlab.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+# Two "nodes" whose clocks disagree by nine hours (the timestamp a node would pick differs).
+NODE_CLOCKS = ("UTC0", "JST-9")
+
+
+def _two_nodes(tmp_path, rendezvous: list[str], extra: list[str], env: dict | None = None) -> list[str]:
+    """The README's two-machine command, as two torchrun 'nodes' of one CPU process each on this
+    machine (each its own torchrun process, with its own time zone); returns their outputs."""
     import os
     import subprocess
     import sys
 
-    port = str(_free_port())
-    args = ["-m", "attnlab", "fit", "--config", DEBUG_YAML, "--config", EXPERIMENTS / "distributed" / "multinode.yaml",
-            *CPU, "--trainer.devices", "1", *DATA, "--data.init_args.batch_size", "16", "--trainer.max_epochs", "1",
-            "--model.init_args.eval_every_n_epochs", "0", "--run.root", tmp_path, "--run.version", "two-nodes",
-            "--run.wandb", "disabled"]
+    script = tmp_path / "node.py"
+    script.write_text(NODE_SCRIPT)
+    args = [script, "fit", "--config", DEBUG_YAML, "--config", EXPERIMENTS / "distributed" / "multinode.yaml",
+            *CPU, "--trainer.devices", "1", *DATA, "--data.init_args.batch_size", "16",
+            "--model.init_args.eval_every_n_epochs", "0", "--run.root", tmp_path, "--run.wandb", "disabled", *extra]
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port, *map(str, args)],
-            cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            encoding="utf-8", errors="replace")
-        for rank in (0, 1)
+             *[a.format(rank=rank) for a in rendezvous], *map(str, args)],
+            cwd=tmp_path, env={**os.environ, **(env or {}), "TZ": clock}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, encoding="utf-8", errors="replace")
+        for rank, clock in enumerate(NODE_CLOCKS)
     ]
     try:
-        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+        return [node.communicate(timeout=300)[0] for node in nodes], [node.returncode for node in nodes]
     finally:
         for node in nodes:
             node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+
+def test_torchrun_two_nodes_whose_clocks_differ_write_one_run_folder(tmp_path):
+    """Static rendezvous, no --run.version, no job id: rank zero's timestamp reaches the other node
+    through torchrun's store, so both ranks use one run folder whatever their clocks say."""
+    port = str(_free_port())
+    static = ["--node-rank", "{rank}", "--master-addr", "127.0.0.1", "--master-port", port]
+    outputs, codes = _two_nodes(tmp_path, static, ["--trainer.max_epochs", "1"])
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     assert "MEMBER: 1/2" in outputs[0] and "MEMBER: 2/2" in outputs[1]
-    assert [p.name for p in (tmp_path / "debug").iterdir()] == ["two-nodes"]
-    assert read_metrics(tmp_path / "debug" / "two-nodes")["val/nll"]
+    (folder,) = (tmp_path / "debug").iterdir()
+    assert read_metrics(folder)["val/nll"]
+    for rank, output in enumerate(outputs):
+        assert f"rank {rank} logs to {folder}" in output, output[-2000:]
+    assert "if interrupted, the same command plus --run.version" in outputs[0]
+
+
+def test_a_two_node_job_killed_resumes_with_the_same_command_in_one_folder(tmp_path):
+    """c10d rendezvous with a job id (--rdzv-id): the run folder is named by the job, so both nodes
+    agree without --run.version and relaunching the same command resumes it. Node 0's process is
+    SIGKILLed at step 5 (last.ckpt holds step 4); node 1 then fails on the lost peer."""
+    import torch
+
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "job7"]
+    extra = ["--trainer.max_epochs", "1", "--data.init_args.n_train", "640", "--run.checkpoint_every_n_steps", "2"]
+    outputs, codes = _two_nodes(tmp_path, rendezvous, extra, env={"KILL_AT_STEP": "5"})
+    assert codes[0] != 0 and codes[1] != 0, "\n".join(o[-2000:] for o in outputs)
+    folder = tmp_path / "debug" / "torchrun-job7"
+    assert [p.name for p in (tmp_path / "debug").iterdir()] == [folder.name]
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    outputs, codes = _two_nodes(tmp_path, rendezvous, extra)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert f"resuming {folder.relative_to(tmp_path)}" in outputs[0] or f"resuming {folder}" in outputs[0], outputs[0][-2000:]
+    assert [p.name for p in (tmp_path / "debug").iterdir()] == [folder.name]
+    import csv
+
+    with (folder / "metrics.csv").open(newline="") as f:
+        trained = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")]
+    assert trained == list(range(20))  # every step of the epoch once: 4 before the kill, the rest after
