@@ -298,3 +298,37 @@ def test_the_reference_comes_from_the_runs_that_name_one():
     assert sweep_reference([point("base", "base"), point("h=1", "h=1")]) is None
     assert sweep_reference([point("base", None), point("h=1", None)]) is None
     assert sweep_reference([point("h=1", "gone")]) is None  # a reference no row has
+
+
+def test_a_preempted_sweep_stops_leaves_the_point_unfinished_and_resumes_it(tmp_path, monkeypatch):
+    """SIGTERM while the first point trains: that fit saves last.ckpt and exits 75, the sweep says
+    so, starts no further run, writes no done.json and exits 75; the same command resumes it."""
+    import os
+    import signal
+
+    from attnlab.families.base import FamilyModule
+    from attnlab.interruption import EXIT_INTERRUPTED
+
+    sweep_file = tmp_path / "heads.yaml"
+    sweep_file.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "grid": {"model.init_args.backbone.n_heads": [1, 2]}}))
+    args = [sweep_file, "--root", tmp_path / "runs", *FAST_TRAINER, "--trainer.max_steps", "4", *DEBUG_DATA,
+            "--run.wandb", "disabled", "--trainer.max_epochs", "3"]
+    original = FamilyModule.on_train_batch_start
+
+    def preempt_at_step_1(self, batch, batch_idx):
+        if self.trainer.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(FamilyModule, "on_train_batch_start", preempt_at_step_1)
+    first = run_sweep(args, cwd=tmp_path)
+    monkeypatch.setattr(FamilyModule, "on_train_batch_start", original)
+    sweep_dir = tmp_path / "runs" / "heads"
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-3000:]
+    assert "n_heads=1: fit was interrupted; the same sweep command resumes it" in first.stderr
+    assert not (sweep_dir / "n_heads=1" / "done.json").exists() and not (sweep_dir / "n_heads=2").exists()
+    second = run_sweep(args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "n_heads=1: resuming the unfinished earlier attempt" in second.stdout
+    assert "last.ckpt (epoch 0, step 2)" in second.stdout  # the step the preempted fit reached
+    assert all((sweep_dir / point / "done.json").is_file() for point in POINTS)
