@@ -28,7 +28,8 @@ USED = {
                                        "while rank zero stops the children itself and reports why",
     ("ModelCheckpoint", "_should_save_on_train_epoch_end"): "last.ckpt after a validation is written where "
                                                             "ModelCheckpoint saves: train epoch end or validation end",
-    ("ModelCheckpoint", "_save_last_checkpoint"): "writes last.ckpt (atomically, as Lightning's own) after a validation",
+    ("ModelCheckpoint", "_save_last_checkpoint"): "writes last.ckpt as Lightning's own save does, after a "
+                                                 "validation and when a fit is preempted",
     ("ModelCheckpoint", "_monitor_candidates"): "the metrics that last.ckpt records, gathered as Lightning gathers them",
     ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP ranks",
     ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed statistics, as sacreBLEU computes it",
