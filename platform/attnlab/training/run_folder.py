@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -125,12 +126,17 @@ class RunFolderLock:
         fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             holder = os.read(fd, 256).decode("utf-8", "replace").split()
             os.close(fd)
             pid, host = (holder + ["?", "?"])[:2]
             raise ConfigError(f"run folder {self.folder} is in use by PID {pid} on {host}: wait for that run to end "
                               "(or stop it), or choose another --run.version") from None
+        except OSError as err:  # a file system without locks (some network mounts): run, and say so
+            os.close(fd)
+            print(f"attnlab: {self.folder} cannot be locked ({err.strerror}): nothing stops a second command "
+                  "from writing this run folder at the same time", file=sys.stderr, flush=True)
+            return self
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         self._fd = fd
