@@ -23,6 +23,7 @@ from data_modules.batching import EpochRandomSampler, EvenShareSampler, TokenBud
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer
 
 Pairs = list[tuple[str, str]]
+FRAME_TOKENS = 3  # bos / sep / eos around an example's source and target, in a token budget
 
 
 def check_positive(name: str, value, minimum: int = 1) -> None:
@@ -162,6 +163,25 @@ class TokenizedDataModule(L.LightningDataModule):
             return examples.lengths()
         return {(len(e.source), len(e.target)) for e in examples}
 
+    def split_origin(self, split: str) -> str:
+        """Where a split's examples come from, for messages (subclasses with files name them)."""
+        return f"{type(self).__name__}'s {split} split"
+
+    def check_token_budget(self) -> None:
+        """`fit` with a data.init_args.max_tokens below every training example would batch each
+        example alone, over the budget (TokenBudgetBatchSampler does so for the few examples
+        longer than the budget), so training would run at batch size one without a word."""
+        if not self.max_tokens:
+            return
+        framed = {source + target + FRAME_TOKENS for source, target in self.example_lengths("train")}
+        if framed and self.max_tokens < min(framed):
+            raise ConfigError(
+                f"data.init_args.max_tokens = {self.max_tokens} is below every training example of "
+                f"{self.split_origin('train')} (shortest {min(framed)} tokens, longest {max(framed)}, counting "
+                f"source, target and {FRAME_TOKENS} special tokens): no batch would keep to it; raise "
+                f"data.init_args.max_tokens to at least {max(framed)}, or drop it to batch by batch_size"
+            )
+
     def examples(self, split: str) -> Sequence[Example]:
         self._prepare()
         if split not in self._examples:
@@ -267,5 +287,5 @@ def _framed_lengths(examples: Sequence[Example]) -> list[int]:
     """What each example adds to a token budget: source + target + bos / sep / eos."""
     if hasattr(examples, "lengths") and len(examples.lengths()) == 1:
         (source, target), = examples.lengths()
-        return [source + target + 3] * len(examples)
-    return [len(e.source) + len(e.target) + 3 for e in examples]
+        return [source + target + FRAME_TOKENS] * len(examples)
+    return [len(e.source) + len(e.target) + FRAME_TOKENS for e in examples]

@@ -66,6 +66,10 @@ class ParallelTextDataModule(TokenizedDataModule):
             require_file(tgt, tgt_arg, self.missing_file_hint)
         return {split: _read_pair(*fp) for split, *fp in file_pairs}
 
+    def split_origin(self, split: str) -> str:
+        pair = next((fp for fp in self._file_pairs() if fp[0] == split), None)
+        return f"{pair[1]} + {pair[3]}" if pair else super().split_origin(split)
+
     def _fingerprint(self) -> str:
         train = next(fp for fp in self._file_pairs() if fp[0] == "train")
         return sha256_files([train[1], train[3]])

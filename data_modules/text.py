@@ -87,6 +87,10 @@ class TextDataModule(TokenizedDataModule):
             self._hashes[split] = sha256_files(self.files[split])
         return self._hashes[split]
 
+    def split_origin(self, split: str) -> str:
+        files = self.files.get(split)
+        return f"{', '.join(files)} (data.init_args.{split}_files)" if files else super().split_origin(split)
+
     def _fingerprint(self) -> str:
         return self._files_hash("train")
 
