@@ -243,6 +243,49 @@ def test_an_unfinished_point_of_a_sweep_is_left_out_of_the_report_and_said(tmp_p
     assert "skipped" in err and str(tmp_path / "bd" / "seed0" / "fit") in err
 
 
+GOOD_METRICS = "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.0,4.5\n"  # empty cells: metrics a row did not log
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"epoch,step,train/loss\n0,0,5.0\n\xff\xfe garbage\n", "line 3: bytes that are not UTF-8 text"),
+    (b"epoch,step,train/loss\n0,0,5.0\n\x00\x00\x00\x00", "line 3: NUL bytes"),
+    ("epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.", "line 3: 3 fields where the header has 4"),
+    ("epoch,step,train/loss\n0,0,5.0,7,8\n", "line 2: 5 fields where the header has 3"),
+    ("epoch,step,train/loss\n0,0,five\n", "line 2: train/loss is 'five', not a number"),
+    ("0,0,5.0\n0,1,4.0\n", "line 1: no header"),
+    ("", "the file is empty"),
+])
+def test_a_damaged_metrics_csv_names_the_file_line_and_fix(tmp_path, content, words):
+    """Read leniently, such a file made a report of empty columns without a word."""
+    from attnlab.errors import DataError
+    from attnlab.experiment.runs import collect_runs
+
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "metrics.csv").write_text(GOOD_METRICS)
+    (tmp_path / "bad").mkdir()
+    path = tmp_path / "bad" / "metrics.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(DataError, match=re.escape(f"{path}: {words}")) as raised:
+        collect_runs(tmp_path)
+    assert f"rerun the command that wrote {path.parent}, or move that folder out of {tmp_path}" in str(raised.value)
+
+
+def test_a_damaged_metrics_csv_of_a_sweep_point_says_delete_and_rerun_or_skips_an_unfinished_one(tmp_path, capsys):
+    from attnlab.errors import DataError
+    from attnlab.experiment.runs import collect_runs
+
+    for point in ("done", "running"):
+        fit = tmp_path / point / "fit"
+        fit.mkdir(parents=True)
+        (fit / "metrics.csv").write_text(GOOD_METRICS + "0,2,3.")
+    (tmp_path / "done" / "done.json").write_text(json.dumps({"point": "done"}))
+    with pytest.raises(DataError, match=re.escape(f"delete {tmp_path / 'done'} and rerun `attnlab sweep`")):
+        collect_runs(tmp_path)
+    (tmp_path / "done" / "fit" / "metrics.csv").write_text(GOOD_METRICS)
+    assert [r.name for r in collect_runs(tmp_path)] == ["done"]  # the running point's last row is half written
+    assert f"skipped {tmp_path / 'running' / 'fit'}" in capsys.readouterr().err
+
+
 def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path):
     """`points:` runs each named point once (not a grid); done.json shows every key some point sets,
     read from the run's own config where the point leaves it at the base's value; the report tests

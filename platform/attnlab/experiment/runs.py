@@ -7,6 +7,7 @@ the point's folder (or its seed folder); elsewhere it stays a row of its own.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import statistics
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, DataError
 
 
 @dataclass
@@ -73,19 +74,57 @@ class RunRecord:
         return self.final(key)
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
+def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[dict[str, float]]:
+    """The rows of a metrics.csv as numbers; an empty cell is a metric that row did not log.
+
+    A file that cannot be what Lightning's CSVLogger wrote (bytes that are not text, no header, a
+    row with another number of fields than the header, a cell that is not a number) is a
+    DataError naming the file, the line and `fix`: read leniently it made a report of empty
+    columns that said nothing."""
+    def damaged(line: int | None, what: str) -> DataError:
+        return DataError(f"{path}{f': line {line}' if line else ''}: {what}, so it is not a metrics.csv "
+                         f"attnlab can read (damaged?); {fix}")
+
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise damaged(data[: err.start].count(b"\n") + 1, "bytes that are not UTF-8 text") from None
+    if "\0" in text:
+        raise damaged(text[: text.index("\0")].count("\n") + 1, "NUL bytes")
+    if not text.strip():
+        raise damaged(None, "the file is empty")
+    reader = csv.reader(io.StringIO(text, newline=""))
     rows = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
+    try:
+        header = next(reader)
+        unnamed = [name for name in header if not name.strip() or _is_number(name)]
+        if unnamed:
+            raise damaged(1, f"no header (its first line holds {unnamed[0]!r} where a metric name goes)")
+        for cells in reader:
+            if not cells:
+                continue  # a blank line
+            if len(cells) != len(header):
+                raise damaged(reader.line_num, f"{len(cells)} fields where the header has {len(header)}")
             parsed = {}
-            for key, value in row.items():
-                if value not in ("", None):
-                    try:
-                        parsed[key] = float(value)
-                    except ValueError:
-                        continue
+            for key, value in zip(header, cells):
+                if value == "":
+                    continue
+                if not _is_number(value):
+                    raise damaged(reader.line_num, f"{key} is {value[:40]!r}, not a number")
+                parsed[key] = float(value)
             rows.append(parsed)
+    except csv.Error as err:
+        raise damaged(reader.line_num, f"unreadable CSV ({err})") from None
     return rows
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def last_values(history: list[dict[str, float]]) -> dict[str, float]:
@@ -109,6 +148,19 @@ def _is_fit(history: list[dict[str, float]]) -> bool:
     return any(key.startswith("train/") for row in history for key in row)
 
 
+def _unfinished_sweep_run(folder: Path) -> bool:
+    """A sweep point's fit or evaluation folder whose point has no done.json yet."""
+    return (folder.parent / "fit").is_dir() and not (folder.parent / "done.json").is_file()
+
+
+def _rerun_advice(folder: Path, root: Path) -> str:
+    """How to replace a damaged metrics.csv: a sweep reruns a point whose folder is gone."""
+    if (folder.parent / "done.json").is_file():
+        return (f"delete {folder.parent} and rerun `attnlab sweep` with its sweep file (it skips the finished "
+                "points and reruns this one), then report again")
+    return f"rerun the command that wrote {folder}, or move that folder out of {root}, then report again"
+
+
 def collect_runs(root: str | Path) -> list[RunRecord]:
     """Every fit run under `root` (hidden folders such as .incomplete/ are skipped), in sweep then name order."""
     root = Path(root)
@@ -116,7 +168,16 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
         raise AttnlabError(f"{root} is not a folder of runs")
     folders = [p.parent for p in sorted(root.rglob("metrics.csv"))
                if not any(part.startswith(".") for part in p.relative_to(root).parts)]
-    histories = {folder: read_metrics(folder / "metrics.csv") for folder in folders}
+    histories = {}
+    for folder in list(folders):
+        try:
+            histories[folder] = read_metrics(folder / "metrics.csv", _rerun_advice(folder, root))
+        except DataError:
+            if not _unfinished_sweep_run(folder):
+                raise
+            folders.remove(folder)  # still being written, perhaps: skipped like any unfinished point
+            print(f"report: skipped {folder} (unfinished: no done.json yet; rerun the sweep to finish it)",
+                  file=sys.stderr)
     fits = [f for f in folders if _is_fit(histories[f])]
     fits_by_parent: dict[Path, list[Path]] = {}
     for folder in fits:
