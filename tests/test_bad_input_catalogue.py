@@ -19,6 +19,7 @@ Checkpoints are made once per module with one-step debug runs; every case runs i
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -490,6 +491,34 @@ def sweep_evaluate_unknown_checkpoint(env):
     return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "evaluate.test.checkpoint='newest'", "best, last, averaged"]
 
 
+# ---- report ----
+
+def _report_with_damaged_metrics(env, damaged: str | bytes) -> tuple[list, Path]:
+    """`attnlab report` of two runs, one with a damaged metrics.csv; --output points into the run
+    folder the contract guards, so a report written anyway fails the row."""
+    env.write("grid/good/metrics.csv", "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.0,4.5\n")
+    bad = env.write("grid/damaged/metrics.csv", damaged)
+    return ["report", env.tmp / "grid", "--output", env.run_dir / "report", "--wandb", "disabled"], bad
+
+
+@case
+def report_metrics_truncated_row(env):
+    argv, bad = _report_with_damaged_metrics(env, "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.")
+    return argv, [str(bad), "line 3", "3 fields where the header has 4", "rerun"]
+
+
+@case
+def report_metrics_not_text(env):
+    argv, bad = _report_with_damaged_metrics(env, b"epoch,step,train/loss\n0,0,5.0\n\x89\xfe\x00\x01garbage\n")
+    return argv, [str(bad), "line 3", "not UTF-8", "rerun"]
+
+
+@case
+def report_metrics_not_a_number(env):
+    argv, bad = _report_with_damaged_metrics(env, "epoch,step,train/loss\n0,0,5.0\n0,1,five\n")
+    return argv, [str(bad), "line 3", "train/loss is 'five', not a number"]
+
+
 @case
 def fit_monitor_never_logged(env):
     return env.fit("--run.monitor", "val/blue"), ["run.monitor='val/blue'", "never logged", "val/bleu"]
@@ -523,6 +552,36 @@ def accelerator_that_this_machine_lacks(env):
 def run_root_that_cannot_be_created(env):
     blocker = env.write("not_a_folder", "a file where the run root's parent should be\n")
     return env.fit("--run.root", str(blocker / "runs")), [f"run.root={blocker / 'runs'}", "is a file", "--run.root"]
+
+
+@case
+def run_root_on_a_pseudo_file_system(env):
+    """Root may write anywhere by the permission bits, but /proc takes no new folders (issue 30)."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    return env.fit("--run.root", "/proc/attnlab_runs"), ["run.root=/proc/attnlab_runs", "/proc", "--run.root"]
+
+
+@case
+def run_root_name_too_long(env):
+    root = env.tmp / ("r" * 300)
+    return env.fit("--run.root", str(root)), [f"run.root={root}", "cannot be created", os.strerror(errno.ENAMETOOLONG), "--run.root"]
+
+
+@case
+def fit_max_steps_zero(env):
+    return env.fit("--trainer.max_steps", "0"), ["trainer.max_steps=0", "trains nothing", "-1 for no limit"]
+
+
+@case
+def fit_max_steps_below_minus_one(env):
+    return env.fit("--trainer.max_steps", "-5"), ["trainer.max_steps=-5", "positive number of steps"]
+
+
+@case
+def token_budget_below_every_example(env):
+    return env.fit("--data.init_args.max_tokens", "4"), [
+        "data.init_args.max_tokens = 4", "below every training example", "train split", "raise data.init_args.max_tokens to at least"]
 
 
 @case
