@@ -69,6 +69,7 @@ class Env:
         self._checkpoints = checkpoints
         self.marker = tmp_path / "CODE_RAN"
         self.run_dir = tmp_path / "runs" / "debug" / "v1"
+        self.over_user_run: list = []  # files a case puts into the user's run folder (after it is made)
 
     def write(self, name: str, text: str | bytes) -> Path:
         path = self.tmp / name
@@ -585,6 +586,19 @@ def token_budget_below_every_example(env):
 
 
 @case
+def fit_resuming_a_damaged_last_ckpt(env):
+    """The run folder's last.ckpt (the placeholder text of the user's run) is what the same command resumes."""
+    return env.fit(), ["resuming", "runs/debug/v1/checkpoints/last.ckpt", "move", "aside", "another --run.version"]
+
+
+@case
+def fit_resuming_a_last_ckpt_of_another_model(env):
+    """The run folder's last.ckpt holds learned positions; the config asks for RoPE."""
+    env.over_user_run.append(lambda: shutil.copyfile(env._checkpoints["decoder"], env.run_dir / "checkpoints" / "last.ckpt"))
+    return env.fit(), ["last.ckpt", "does not fit the model", "move", "aside"]
+
+
+@case
 def ckpt_path_a_directory_validate(env):
     folder = env.tmp / "ckpts" / "a_folder"
     folder.mkdir(parents=True)
@@ -702,6 +716,8 @@ def test_bad_input(name, cli, tmp_path, checkpoints):
     env = Env(tmp_path, checkpoints)
     argv, needles = CASES[name](env)
     _user_run(env)
+    for put in env.over_user_run:
+        put()
     before = _snapshot(tmp_path)
 
     result = cli(*argv)

@@ -13,8 +13,9 @@ from attnlab.checkpoints.atomic import AtomicCheckpointIO
 from attnlab.checkpoints.averaging import CheckpointAveraging
 from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
-from attnlab.cli.preflight import check_accelerator, check_run_root
+from attnlab.cli.preflight import check_accelerator, check_run_root, check_training_budget
 from attnlab.distributed.failures import ChildProcessReaper
+from attnlab.errors import AttnlabError
 from attnlab.experiment.spec import name_under_experiments
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
@@ -124,8 +125,11 @@ class AttnlabCLI(LightningCLI):
         trainer_config = self.setting(self.config_init, "trainer", default={})
         check_accelerator(trainer_config.get("accelerator"), trainer_config.get("devices"))
         check_run_root(self.setting(self.config_init, "run").root)
+        check_training_budget(trainer_config, fit=self.subcommand == "fit")
         if self.subcommand == "test" and isinstance(datamodule, TokenizedDataModule):
             datamodule.examples("test")  # ConfigError naming the setting that adds the split
+        if self.subcommand == "fit" and isinstance(datamodule, TokenizedDataModule):
+            datamodule.check_token_budget()  # a max_tokens below every training example
         if isinstance(model, FamilyModule) and datamodule is not None:
             model.check_position_table(datamodule)
         checked, self._checked_ckpt = getattr(self, "_checked_ckpt", None), None
@@ -211,10 +215,22 @@ class AttnlabCLI(LightningCLI):
                     self._say(f"--ckpt_path last: no {named}/checkpoints/last.ckpt "
                               "(name the run with --run.version): starting from scratch")
                 return None
+            self._check_resumable(last)
             self._say(f"resuming {run_dir} from {last}{_step_of(last)}")
             return str(last), True
         continues = self._version.named and (run_dir / "metrics.csv").is_file()
         return str(ckpt_path), continues
+
+    def _check_resumable(self, last: Path) -> None:
+        """The run folder's last.ckpt loads and fits the model (one line, not Lightning's traceback,
+        for a damaged file or a config that changed since)."""
+        try:
+            checkpoint = read_checkpoint(last, arg=f"resuming {self._run_dir()}", mmap=True)
+            if isinstance(self.model, FamilyModule):
+                check_fits(self.model, checkpoint, source=str(last))
+        except AttnlabError as err:
+            raise AttnlabError(f"{err} (move {last} aside, or choose another --run.version, to start this run "
+                               "afresh)") from None
 
     @rank_zero_only
     def _say(self, line: str) -> None:
