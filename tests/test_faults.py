@@ -104,3 +104,27 @@ def test_a_second_fit_on_a_held_run_folder_is_refused_and_a_dead_holder_is_taken
     assert third.code == 0, third.err[-3000:]
     assert "resuming" in third.out
     assert (run_dir / ".lock").read_text().split() == [str(os.getpid()), socket.gethostname()]
+
+
+@pytest.mark.parametrize("requeue", [False, True], ids=["plain", "slurm-auto-requeue"])
+def test_preemption_leaves_lightnings_slurm_requeue_signals_alone(requeue):
+    """Under Lightning's SLURM auto-requeue, SIGUSR1 (save and requeue) and SIGTERM stay
+    Lightning's; otherwise all three stop signals are the Preemption callback's while training,
+    and the previous handlers come back at teardown."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+    from attnlab.training.preemption import Preemption
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    before = {s: signal.getsignal(s) for s in signals}
+    environment = SLURMEnvironment(auto_requeue=True) if requeue else LightningEnvironment()
+    callback = Preemption()
+    callback.on_train_start(SimpleNamespace(strategy=SimpleNamespace(cluster_environment=environment)), None)
+    try:
+        ours = {s for s in signals if signal.getsignal(s) == callback._catch}
+        assert ours == ({signal.SIGINT} if requeue else set(signals))
+    finally:
+        callback.teardown(None, None, "fit")
+    assert {s: signal.getsignal(s) for s in signals} == before
