@@ -139,6 +139,7 @@ def test_seeds_flag_runs_each_point_n_times_and_evaluates_the_named_checkpoint(t
     for name in ("best-epoch=0-step=1.ckpt", "last.ckpt"):
         (checkpoints / name).write_text("x")
     assert checkpoint_to_test(tmp_path / "fit", "last").name == "last.ckpt"
+    (checkpoints / "last.ckpt").unlink()  # "best" reads its record (test_sweep_best_checkpoint.py)
     assert checkpoint_to_test(tmp_path / "fit", "best").name.startswith("best-")
     from attnlab.errors import AttnlabError
 

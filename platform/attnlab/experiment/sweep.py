@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.checkpoints.atomic import atomic_write_text
+from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.provenance import write_sweep_record
 from attnlab.interruption import EXIT_INTERRUPTED, Preempted
@@ -89,12 +90,40 @@ def checkpoint_to_test(fit_dir: Path, which: str = "best", entry: str = "test") 
                                "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging to the fit")
         return averaged
     last = folder / "last.ckpt"
-    found = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-    if which == "best" and found:
-        return found[-1]
+    if which == "best":
+        recorded = recorded_best(last) if last.is_file() else None
+        if recorded is not None:
+            best = folder / Path(recorded).name  # the run folder may have moved since (another machine, .incomplete/)
+            if not best.is_file():
+                raise AttnlabError(f"{last} records {Path(recorded).name} as the best checkpoint by its monitor, "
+                                   f"but {best} does not exist: restore it, or evaluate `checkpoint: last`")
+            return best
+        # no record (last.ckpt missing, or written before any validation): the newest best-*.ckpt
+        found = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
     if last.is_file():
         return last
     raise AttnlabError(f"{fit_dir} has no checkpoint to evaluate")
+
+
+def recorded_best(last: Path) -> str | None:
+    """The best_model_path that the monitoring ModelCheckpoint recorded in last.ckpt (None: no record).
+
+    This, not the newest best-*.ckpt by mtime: copying or restoring a folder changes mtimes, and a
+    resumed run may leave an older, better file beside newer ones. LastCheckpoint (monitor None,
+    save_top_k=0) records no best. A user's extra monitoring ModelCheckpoint writes other names
+    than attnlab's best-{epoch}-{step}.ckpt, which breaks a tie.
+    """
+    states = read_checkpoint(last, arg="last.ckpt", mmap=True).get("callbacks") or {}
+    paths = {state["best_model_path"] for state in states.values()
+             if isinstance(state, dict) and state.get("monitor") is not None and state.get("best_model_path")}
+    if len(paths) > 1:
+        paths = {p for p in paths if Path(p).name.startswith("best-")} or paths
+    if len(paths) > 1:
+        raise AttnlabError(f"{last} records several best checkpoints ({', '.join(sorted(paths))}); "
+                           "pass the one to evaluate with `attnlab test --ckpt_path`")
+    return paths.pop() if paths else None
 
 
 def set_aside(point_dir: Path, sweep_dir: Path) -> Path | None:
