@@ -216,3 +216,30 @@ def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):
     batch = collate([Example([7, 8], [9], "", ""), Example([10], [11], "", "")], module.special.pad)
     assert all(len(ids) <= 3 for ids in module.eval().generate_ids(batch))
     assert seen, "generation.compile did not decode over a fixed cache"
+
+
+def test_a_model_is_collected_after_compiled_decoding_and_its_step_is_reused(monkeypatch):
+    """The compiled steps are kept for the process, never the models they ran (issue 30): a cache
+    whose compiled functions closed over their stack kept every decoded model alive."""
+    import gc
+    import weakref
+
+    compiles = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiles.append(fn) or real_compile(fn, **kwargs))
+
+    def decode_and_drop():
+        torch.manual_seed(0)
+        decoder = DecoderOnlyModel(config("rope"), VOCAB, PAD).eval()
+        diffusion = BlockDiffusionModel(config("rope"), VOCAB, PAD, MASK).eval()
+        for _ in range(2):
+            generate(decoder, PADDED, max_new_tokens=BUDGETS, eos_id=EOS, pad_id=PAD, compiled=True)
+            sample_blocks(diffusion, PADDED, max_new_tokens=BUDGETS, block_size=4, steps=2, eos_id=EOS, pad_id=PAD,
+                          compiled=True)
+        return [weakref.ref(m) for m in (decoder, decoder.stack, diffusion, diffusion.stack)]
+
+    refs = decode_and_drop()
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4
+    decode_and_drop()
+    assert len(compiles) <= 2  # one per kind of step (token, stack) at most, whatever the model or decode

@@ -17,7 +17,7 @@ took a step from 1.34 to 1.06 ms. Block diffusion's trial blocks compile the sta
 """
 from __future__ import annotations
 
-import weakref
+import functools
 
 import torch
 
@@ -25,43 +25,38 @@ from attnlab.components import DecodeState
 
 BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
 INDUCTOR_OPTIONS = {"cpp_wrapper": True}
-_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # stack -> {kind: compiled function}
+_COMPILED: dict = {}  # (step function, backend) -> its compiled function, for every stack
 
 
-def _stack_forward(stack):
-    def forward(tokens, positions, mask, key_positions, caches, context_mask):
-        hidden, _ = stack(tokens, positions, mask=mask, key_positions=key_positions, caches=caches,
-                          context_mask=context_mask)
-        return hidden
-
-    return forward
+def _stack_forward(stack, tokens, positions, mask, key_positions, caches, context_mask):
+    hidden, _ = stack(tokens, positions, mask=mask, key_positions=key_positions, caches=caches,
+                      context_mask=context_mask)
+    return hidden
 
 
-def _token_forward(stack):
-    def forward(tokens, valid, slots, next_position, key_valid, key_positions, caches, context_mask):
-        """Logits (B, V) of the last token, and the next position of each row."""
-        positions = DecodeState.positions_after(next_position, valid)
-        DecodeState.write_slots(key_valid, key_positions, slots, valid, positions)
-        hidden, _ = stack(tokens, positions, mask=DecodeState.mask_at(key_valid, slots), key_positions=key_positions,
-                          caches=caches, context_mask=context_mask)
-        return stack.embedding.logits(hidden[:, -1]), next_position + valid.long().sum(1)
-
-    return forward
+def _token_forward(stack, tokens, valid, slots, next_position, key_valid, key_positions, caches, context_mask):
+    """Logits (B, V) of the last token, and the next position of each row."""
+    positions = DecodeState.positions_after(next_position, valid)
+    DecodeState.write_slots(key_valid, key_positions, slots, valid, positions)
+    hidden, _ = stack(tokens, positions, mask=DecodeState.mask_at(key_valid, slots), key_positions=key_positions,
+                      caches=caches, context_mask=context_mask)
+    return stack.embedding.logits(hidden[:, -1]), next_position + valid.long().sum(1)
 
 
-def _compiled(stack, make):
-    """`make(stack)` compiled, made on first use and kept for the stack's lifetime, so every
-    generation with this model reuses it (not on the module, which stays picklable and
-    deep-copyable)."""
-    made = _COMPILED.setdefault(stack, {})
-    if make not in made:
+def _compiled(forward):
+    """`forward` compiled, made on first use and kept for the process, so every generation reuses
+    it. The stack is an argument, not a closure's cell nor a key of the cache: a compiled function
+    that held its model would keep it alive for good (a model is collected once its decoding is
+    over; nothing is stored on the module, which stays picklable and deep-copyable)."""
+    key = (forward, BACKEND)
+    if key not in _COMPILED:
         options = INDUCTOR_OPTIONS if BACKEND == "inductor" else None
-        made[make] = torch.compile(make(stack), backend=BACKEND, dynamic=True, options=options)
-    return made[make]
+        _COMPILED[key] = torch.compile(forward, backend=BACKEND, dynamic=True, options=options)
+    return _COMPILED[key]
 
 
-def _runner(stack, make, compiled: bool, settles: bool = False):
-    """`make(stack)`, eager or compiled. Compiled, the first call (which allocates the cache
+def _runner(stack, forward, compiled: bool, settles: bool = False):
+    """`forward` over `stack`, eager or compiled. Compiled, the first call (which allocates the cache
     buffers) runs eagerly, and tensor arguments are made contiguous: a view's strides (a column
     of beam search's token matrix) would be guarded on and recompile the step as they change.
 
@@ -69,10 +64,10 @@ def _runner(stack, make, compiled: bool, settles: bool = False):
     token count; only values and the kept rows change), so after the first compiled call checks
     every guard, later ones check only those that tell this function's graphs apart
     (`skip_guard_eval_unsafe`): the full check costs about a tenth of a batch-1 step on a CPU."""
-    eager = make(stack)
+    eager = functools.partial(forward, stack)
     if not compiled:
         return eager
-    step = _compiled(stack, make)
+    step = _compiled(forward)
     checked = False
 
     def run(*args):
@@ -84,7 +79,7 @@ def _runner(stack, make, compiled: bool, settles: bool = False):
         # Generation runs under "force_eager" when the stacks were compiled for training; this
         # step is compiled for decoding.
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=checked):
-            out = step(*args)
+            out = step(stack, *args)
         checked = settles
         return out
 
