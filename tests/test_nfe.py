@@ -35,7 +35,7 @@ def test_an_autoregressive_batch_takes_one_call_per_token_of_its_longest_row(fam
     # token and one for the eos; a row that ran out took exactly its budget.
     longest = max(len(row) + 1 if len(row) < max_new else max_new for row in ids)
     assert calls.calls == longest
-    assert module._longest_output(batch, ids) == longest  # what val/nfe_per_token divides by
+    assert max(module._output_lengths(batch, ids)) == longest  # what val/nfe_per_token divides by
     assert any(len(row) < max_new for row in ids) == (max_new == 40)  # both cases really occur
 
 
@@ -55,3 +55,34 @@ def test_nfe_per_token_is_calls_over_the_longest_rows_summed_over_batches():
     metrics.update_generation(["a"], ["a"], 10, 1.0, calls=12, positions=6)
     metrics.update_generation(["b"], ["b"], 10, 1.0, calls=4, positions=2)
     assert metrics.compute("val")["val/nfe_per_token"] == pytest.approx(16 / 8)
+
+
+def test_generated_tokens_count_an_eos_only_for_rows_that_stopped_at_one(monkeypatch):
+    """What gen_tokens_per_s counts (issue 30): a row that used its whole budget produced no eos.
+    Hand-built outputs of budget 3, against a count of what the decoder emitted."""
+    from lightning.pytorch import Trainer
+
+    from data_modules.batch import Example, collate
+
+    emitted = [([7, 8, 9], False), ([7], True), ([], True), ([7, 8], True), ([9, 9, 9], False)]  # (ids, eos?)
+
+    class Fixed(DecoderOnly):
+        def generate_ids(self, batch):
+            return [ids for ids, _ in emitted]
+
+    class Words:
+        def decode_batch(self, rows):
+            return [" ".join(map(str, row)) for row in rows]
+
+    module = Fixed(backbone=BACKBONE, vocab_size=40, generation=dict(max_new_tokens=3)).eval()
+    module.tokenizer = Words()
+    module.trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False)
+    seen = []
+    monkeypatch.setattr(EvalMetrics, "update_generation",
+                        lambda self, hyp, ref, n_tokens, seconds, calls=0, positions=0: seen.append((n_tokens, positions)))
+    batch = collate([Example([7, 8], [9], "a", "b") for _ in emitted], module.special.pad)
+    with torch.no_grad():
+        module._evaluate(batch, module.val_metrics, generate=True)
+    naive = sum(len(ids) + eos for ids, eos in emitted)
+    assert seen == [(naive, 3)] and naive == 3 + 2 + 1 + 3 + 3

@@ -61,10 +61,10 @@ class EvaluationSteps:
                 ids = self.generate_ids(batch)
             seconds = time.perf_counter() - started
             hypotheses = self.tokenizer.decode_batch(ids)
+            lengths = self._output_lengths(batch, ids)
             # Throughput counts every generated row (padding rows cost time too); quality, counted rows.
             metrics.update_generation([hypotheses[i] for i in kept], [batch["target_text"][i] for i in kept],
-                                      sum(len(i) + 1 for i in ids), seconds,
-                                      calls=calls.calls, positions=self._longest_output(batch, ids))
+                                      sum(lengths), seconds, calls=calls.calls, positions=max(lengths, default=0))
             if len(self.examples) < self.num_examples:
                 self.examples.extend(zip(batch["source_text"], batch["target_text"], hypotheses))
         if self.trainer.state.fn in ("test", "validate"):
@@ -77,11 +77,13 @@ class EvaluationSteps:
                         position, batch["source_text"][i], batch["target_text"][i],
                         None if hypotheses is None else hypotheses[i], nll[i], tokens[i], int(n_bytes[i])))
 
-    def _longest_output(self, batch, ids) -> int:
-        """Tokens of the batch's longest output, its eos included unless the row ran out of budget:
-        what NFE per token divides by (an AR batch takes exactly that many calls)."""
+    def _output_lengths(self, batch, ids) -> list[int]:
+        """Tokens each row generated: its eos only when it stopped before its budget (`ids` hold no
+        eos, and a row that used its whole budget produced none). Their sum is what generation
+        throughput counts; their max, what NFE per token divides by (an AR batch takes exactly
+        that many calls)."""
         budgets = self.max_output_length(batch["source_lengths"]).tolist()
-        return max((len(row) + (len(row) < budget) for row, budget in zip(ids, budgets)), default=0)
+        return [len(row) + (len(row) < budget) for row, budget in zip(ids, budgets)]
 
     def on_validation_epoch_start(self):
         self.examples, self.example_records = [], []
