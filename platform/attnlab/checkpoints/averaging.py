@@ -1,36 +1,71 @@
 """Checkpoint averaging (the paper averages the last 5 / 20 checkpoints): a callback and a function."""
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from pathlib import Path
 
 import lightning as L
 import torch
 
+from attnlab.checkpoints.atomic import atomic_torch_save
 from attnlab.errors import AttnlabError
 
+# Segments that FSDP's and activation checkpointing's wrappers add to parameter names (not to a
+# full state_dict's keys); torch.compile's OptimizedModule adds the last.
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
-def average_state_dicts(state_dicts: list[dict]) -> dict:
-    """Element-wise mean of floating-point tensors; other entries are taken from the last."""
+
+def parameter_names(module: torch.nn.Module) -> set[str]:
+    """The state_dict keys of `module` that hold its parameters (a tied one under each of its names)."""
+    names = set()
+    for name, _ in module.named_parameters(remove_duplicate=False):
+        for segment in _WRAPPER_SEGMENTS:
+            name = name.replace(segment, "")
+        if not name.endswith("_flat_param"):
+            names.add(name)
+    return names
+
+
+def average_state_dicts(state_dicts: list[dict], parameters: Collection[str], newest: int = -1) -> dict:
+    """The element-wise mean of the `parameters` (state_dict keys); every other entry is the
+    `newest` state's: a buffer is a record (block diffusion's chosen noise range), not a weight,
+    and a mean of two records is neither."""
     if not state_dicts:
         raise AttnlabError("nothing to average: no checkpoints given")
-    keys = state_dicts[-1].keys()
+    reference = state_dicts[newest]
+    keys = reference.keys()
+    missing = sorted(set(parameters) - set(keys))
+    if missing:
+        raise AttnlabError(f"the checkpoints lack parameters of their model ({', '.join(missing[:5])}): "
+                           "average checkpoints of this model only")
     for i, sd in enumerate(state_dicts):
         if sd.keys() != keys:
-            raise AttnlabError(f"checkpoint {i + 1} has different parameters than the last one: average runs of one model only")
+            raise AttnlabError(f"checkpoint {i + 1} has different parameters than the newest one: average runs of one model only")
         for key, value in sd.items():
-            last = state_dicts[-1][key]
+            last = reference[key]
             if torch.is_tensor(value) and torch.is_tensor(last) and value.shape != last.shape:
                 raise AttnlabError(
-                    f"checkpoint {i + 1}'s {key} has shape {tuple(value.shape)} but the last one's has "
+                    f"checkpoint {i + 1}'s {key} has shape {tuple(value.shape)} but the newest one's has "
                     f"{tuple(last.shape)}: average checkpoints of one model configuration only"
                 )
     out = {}
-    for key, last in state_dicts[-1].items():
-        if torch.is_floating_point(last):
+    for key, last in reference.items():
+        if key in parameters and torch.is_floating_point(last):
             out[key] = torch.stack([sd[key].float() for sd in state_dicts]).mean(0).to(last.dtype)
         else:
             out[key] = last
     return out
+
+
+def _checkpoint_parameter_names(checkpoint: dict) -> set[str]:
+    """The parameter names of the model a checkpoint holds, from its family and hyper-parameters
+    (built on the meta device: no memory, no initialisation)."""
+    from attnlab.families import FAMILIES
+
+    with torch.device("meta"):
+        module = FAMILIES[checkpoint["attnlab"]["family"]](**checkpoint["hyper_parameters"])
+    return parameter_names(module)
 
 
 SNAPSHOTS = "averaging"  # CheckpointAveraging's folder of weight snapshots, inside checkpoints/
@@ -61,7 +96,7 @@ def _snapshot_as_checkpoint(path: Path, runs: dict[Path, dict]) -> dict:
 
 
 def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
-    """Write a checkpoint like the last of `paths` whose weights are the mean of all of them
+    """Write a checkpoint like the newest of `paths` whose parameters are the mean of all of them
     (checkpoints, or CheckpointAveraging snapshots of one run)."""
     from attnlab.checkpoints.reading import read_checkpoint
 
@@ -69,18 +104,25 @@ def average_checkpoints(paths: list[str | Path], output: str | Path) -> Path:
     if output.exists():  # before reading anything: nothing of the user's is ever replaced
         raise AttnlabError(f"--output {output} exists already; choose another --output (nothing was overwritten)")
     paths, runs = [Path(p) for p in paths], {}
-    checkpoints = [_snapshot_as_checkpoint(p, runs) if p.parent.name == SNAPSHOTS and p.suffix == ".pt"
-                   else read_checkpoint(p) for p in paths]
+    checkpoints, steps = [], []
+    for p in paths:
+        snapshot = p.parent.name == SNAPSHOTS and re.fullmatch(r"step=(\d+)\.pt", p.name)
+        checkpoints.append(_snapshot_as_checkpoint(p, runs) if snapshot else read_checkpoint(p))
+        steps.append(int(snapshot.group(1)) if snapshot else int(checkpoints[-1].get("global_step", -1)))
     families = {(c.get("attnlab") or {}).get("family") for c in checkpoints}
     if len(families) != 1:
         named = ", ".join(f"{p} ({c['attnlab']['family']})" for p, c in zip(paths, checkpoints))
         raise AttnlabError(f"cannot average checkpoints of different families: {named}")
-    merged = dict(checkpoints[-1])
+    # The newest by step, not the last named (a shell sorts step=10.pt before step=9.pt), gives
+    # everything but the parameters; of equal steps, the last named.
+    newest = max(range(len(paths)), key=lambda i: (steps[i], i))
+    merged = dict(checkpoints[newest])
     try:
-        merged["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
+        merged["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints],
+                                                   _checkpoint_parameter_names(merged), newest)
     except AttnlabError as err:  # it counts checkpoints; name the files
         raise AttnlabError(f"{err} (checkpoints in order: {', '.join(map(str, paths))})") from None
-    torch.save(merged, output)
+    atomic_torch_save(merged, output)
     return output
 
 
@@ -151,10 +193,7 @@ class CheckpointAveraging(L.Callback):
             state = pl_module.state_dict()
         step = trainer.global_step
         if trainer.is_global_zero:
-            from data_modules.files import atomic_open
-
-            with atomic_open(folder / f"step={step}.pt") as f:
-                torch.save({k: v.detach().to("cpu") for k, v in state.items()}, f)
+            atomic_torch_save({k: v.detach().to("cpu") for k, v in state.items()}, folder / f"step={step}.pt")
         self.steps = [*[s for s in self.steps if s != step], step][-self.last_k:]
         if trainer.is_global_zero:
             self._forget(folder)
@@ -183,9 +222,9 @@ class CheckpointAveraging(L.Callback):
         # Only rank zero writes the checkpoint, and only its disk is sure to hold the snapshots.
         current = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         if trainer.is_global_zero:
-            pl_module.load_state_dict(average_state_dicts(self._snapshots(folder)))
+            pl_module.load_state_dict(average_state_dicts(self._snapshots(folder), parameter_names(pl_module)))
         self.path = folder.parent / "averaged.ckpt"
-        trainer.save_checkpoint(self.path)  # every rank calls it (a barrier)
+        trainer.save_checkpoint(self.path)  # every rank calls it (a barrier); atomic_torch_save under attnlab's CLI
         pl_module.load_state_dict(current)
 
     def _write_sharded_average(self, trainer, folder: Path) -> None:
@@ -194,8 +233,8 @@ class CheckpointAveraging(L.Callback):
         trainer.save_checkpoint(self.path)
         if trainer.is_global_zero:
             checkpoint = torch.load(self.path, map_location="cpu", weights_only=True)
-            checkpoint["state_dict"] = average_state_dicts(self._snapshots(folder))
-            torch.save(checkpoint, self.path)
+            checkpoint["state_dict"] = average_state_dicts(self._snapshots(folder), parameter_names(trainer.lightning_module))
+            atomic_torch_save(checkpoint, self.path)
         trainer.strategy.barrier()
 
 
