@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 
+from attnlab.components.embedding import TokenEmbedding
 from attnlab.errors import ConfigError
 
 SCHEDULES = ("cosine", "inverse_sqrt", "noam", "constant")
@@ -56,14 +58,30 @@ def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int, d_model: in
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: int, d_model: int):
-    """AdamW; weight decay on matrices only (not biases, norms or embeddings)."""
+def _is_embedding_or_norm(module: torch.nn.Module) -> bool:
+    """Tables (nn.Embedding, the token embedding, a learned position table) and normalization
+    layers (LayerNorm, RMSNorm, any *Norm / *Norm2d class), whatever they are named."""
+    return isinstance(module, (torch.nn.Embedding, TokenEmbedding)) or bool(re.search(r"Norm(\d+d)?$", type(module).__name__))
+
+
+def decay_groups(module: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """The names of the trainable parameters that get weight decay, and of those that do not, in
+    `named_parameters` order (an optimizer's state is restored by position). Decided by type, not
+    by name: every matrix decays but those of embedding and normalization modules; no vector does.
+    A parameter shared with an embedding (a tied output projection) is the embedding's."""
+    exempt = {id(param) for owner in module.modules() if _is_embedding_or_norm(owner)
+              for param in owner.parameters(recurse=False)}
     decay, no_decay = [], []
     for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_matrix = param.dim() >= 2 and "embedding" not in name and "table" not in name
-        (decay if is_matrix else no_decay).append(param)
+        if param.requires_grad:
+            (decay if param.dim() >= 2 and id(param) not in exempt else no_decay).append(name)
+    return decay, no_decay
+
+
+def build_optimizer(module: torch.nn.Module, cfg: OptimizerConfig, total_steps: int, d_model: int):
+    """AdamW; weight decay on matrices only (not biases, norms or embeddings: see `decay_groups`)."""
+    params = dict(module.named_parameters())
+    decay, no_decay = ([params[name] for name in names] for names in decay_groups(module))
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
