@@ -130,7 +130,7 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, u
     """SIGTERM (SLURM, Kubernetes) or Ctrl-C while step 5 trains, mid-epoch: the step finishes,
     last.ckpt holds it (global step 6; the periodic saves wrote step 4), the process says so and
     exits 75; the same command then resumes to the uninterrupted run's metrics."""
-    from attnlab.interruption import EXIT_INTERRUPTED
+    from attnlab.errors import EXIT_INTERRUPTED
 
     args = _args(tmp_path, "cut")
     stopped = _run_killed(args, tmp_path, 5, signal_name)

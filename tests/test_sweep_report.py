@@ -351,7 +351,7 @@ def test_a_preempted_sweep_stops_leaves_the_point_unfinished_and_resumes_it(tmp_
     import signal
 
     from attnlab.families.base import FamilyModule
-    from attnlab.interruption import EXIT_INTERRUPTED
+    from attnlab.errors import EXIT_INTERRUPTED
 
     sweep_file = tmp_path / "heads.yaml"
     sweep_file.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "grid": {"model.init_args.backbone.n_heads": [1, 2]}}))

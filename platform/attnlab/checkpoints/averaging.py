@@ -22,8 +22,7 @@ def parameter_names(module: torch.nn.Module) -> set[str]:
     for name, _ in module.named_parameters(remove_duplicate=False):
         for segment in _WRAPPER_SEGMENTS:
             name = name.replace(segment, "")
-        if not name.endswith("_flat_param"):
-            names.add(name)
+        names.add(name)
     return names
 
 

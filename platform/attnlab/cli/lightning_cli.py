@@ -21,6 +21,7 @@ from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption
 from attnlab.training.run_folder import Version, hold_run_folder, resolve_version
+from attnlab.training.final_validation import FinalValidation
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.per_example import PerExampleWriter, gather_rows
 from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
@@ -43,6 +44,7 @@ class AttnlabCLI(LightningCLI):
                 RngStates(),
                 RunSummary(),
                 NonFiniteLossGuard(),
+                FinalValidation(),  # a run that max_steps stops mid-epoch validates at its last step
                 ChildProcessReaper(),
                 PerExampleWriter(),
                 Preemption(),  # after LastCheckpoint: SIGTERM / Ctrl-C save last.ckpt and exit 75

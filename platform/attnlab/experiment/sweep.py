@@ -36,7 +36,7 @@ from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.provenance import write_sweep_record
-from attnlab.interruption import EXIT_INTERRUPTED, Preempted
+from attnlab.errors import EXIT_INTERRUPTED, Preempted
 from attnlab.experiment.spec import (
     SweepPoint,
     SweepSpec,

@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.compat import private_api as private
-from attnlab.interruption import Preempted
+from attnlab.errors import Preempted
 
 
 class Preemption(Callback):
