@@ -172,7 +172,7 @@ def flex_row(args, out: Path) -> list:
             f"max abs difference {measured['max_difference']:.1e}; {recompiles} recompiles over {measured['batches']} batches")
     tolerance = 1e-4 if args.device == "cpu" else 5e-2  # bf16 kernels on GPU
     holds = measured["max_difference"] <= tolerance and (args.smoke or recompiles <= 2)
-    return [what, text, f"same output; <= 2 recompiles", holds]
+    return [what, text, "same output; <= 2 recompiles", holds]
 
 
 def fsdp_row(args, out: Path) -> list:

@@ -19,7 +19,7 @@ import pytest
 # Import Lightning (through attnlab) now, while pytest's session-wide capture owns sys.stderr:
 # Lightning's logging handlers keep the stream they find at import, and one bound to a single
 # test's capsys stream would be closed for every later test ("--- Logging error ---").
-import attnlab.cli.main  # noqa: E402,F401
+import attnlab.cli.lightning_cli  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"

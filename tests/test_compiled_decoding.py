@@ -67,6 +67,13 @@ def recorded_logits(embedding):
     return calls
 
 
+# Every positional encoding with left-padded prompts (positions that start per row). Unpadded
+# prompts change only the masks: ALiBi, whose bias joins the mask, and RoPE cover them.
+EVERY_POSITIONAL_PADDED_AND_UNPADDED = [
+    *(pytest.param(p, PADDED, id=f"{p}-padded") for p in POSITIONAL),
+    *(pytest.param(p, UNPADDED, id=f"{p}-unpadded") for p in ("rope", "alibi"))]
+
+
 def run_three_ways(embedding, decode):
     """Tokens and recorded logits of decode(mode) for the growing cache, the fixed cache run
     eagerly, and the fixed cache compiled."""
@@ -92,8 +99,7 @@ def assert_same(results, logits_of_growing: bool):
         torch.testing.assert_close(flat(grown_logits), flat(fixed_logits), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("prompts", [PADDED, UNPADDED], ids=["padded", "unpadded"])
-@pytest.mark.parametrize("positional", POSITIONAL)
+@pytest.mark.parametrize("positional,prompts", EVERY_POSITIONAL_PADDED_AND_UNPADDED)
 def test_decoder_only_compiled_equals_eager(positional, prompts):
     torch.manual_seed(0)
     model = DecoderOnlyModel(config(positional), VOCAB, PAD).eval()
@@ -105,8 +111,9 @@ def test_decoder_only_compiled_equals_eager(positional, prompts):
     assert_same(beam, logits_of_growing=True)
 
 
-@pytest.mark.parametrize("prefixes", [None, PADDED], ids=["translation", "padded-prefixes"])
-@pytest.mark.parametrize("positional", POSITIONAL)
+@pytest.mark.parametrize("positional,prefixes", [
+    *(pytest.param(p, None, id=f"{p}-translation") for p in POSITIONAL),
+    pytest.param("rope", PADDED, id="rope-padded-prefixes")])
 def test_encoder_decoder_compiled_equals_eager(positional, prefixes):
     torch.manual_seed(0)
     model = EncoderDecoderModel(config(positional), VOCAB, PAD).eval()
@@ -122,8 +129,7 @@ def test_encoder_decoder_compiled_equals_eager(positional, prefixes):
     assert_same(beam, logits_of_growing=False)
 
 
-@pytest.mark.parametrize("prompts", [PADDED, UNPADDED], ids=["padded", "unpadded"])
-@pytest.mark.parametrize("positional", POSITIONAL)
+@pytest.mark.parametrize("positional,prompts", EVERY_POSITIONAL_PADDED_AND_UNPADDED)
 def test_block_diffusion_compiled_equals_eager(positional, prompts):
     torch.manual_seed(0)
     model = BlockDiffusionModel(config(positional), VOCAB, PAD, MASK).eval()

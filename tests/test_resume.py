@@ -20,9 +20,11 @@ from conftest import debug_fit_args, read_metrics, run_main, run_process
 # last.ckpt every 2 steps: killed when global step 5 starts, the checkpoint is step 4 (mid-epoch 0)
 # and the row of step 4 was logged after it (the resumed run must drop it and log it again).
 # Killed at step 9: the checkpoint is the one written at the end of epoch 0, after validation.
+# Every run averages its two epoch-end snapshots: a resumed run must average the same weights.
 RESUME_ARGS = [
     "--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
     "--model.init_args.backbone.dropout", "0.1", "--run.checkpoint_every_n_steps", "2",
+    "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
 ]
 STEPS_PER_EPOCH = 8
 
@@ -101,6 +103,17 @@ def _assert_same_run(resumed, full):
     # the best checkpoint's record survived the resume: the same files, none orphaned
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == sorted(
         p.name for p in (full / "checkpoints").iterdir())
+    _assert_same_average(resumed, full)
+
+
+def _assert_same_average(resumed, full):
+    """averaged.ckpt of the resumed run holds the uninterrupted run's average (not its last weights)."""
+    want, got, last = (torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=True)["state_dict"]
+                       for run, name in ((full, "averaged.ckpt"), (resumed, "averaged.ckpt"), (full, "last.ckpt")))
+    assert any(not torch.equal(want[k], last[k]) for k in want)  # an average, not the last weights
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6, msg=name)
 
 
 def _kill(root, args, step=5):
@@ -125,56 +138,48 @@ def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(t
     _assert_same_run(run_dir, uninterrupted)
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
-def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, uninterrupted, signal_name):
-    """SIGTERM (SLURM, Kubernetes) or Ctrl-C while step 5 trains, mid-epoch: the step finishes,
-    last.ckpt holds it (global step 6; the periodic saves wrote step 4), the process says so and
-    exits 75; the same command then resumes to the uninterrupted run's metrics."""
+def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, uninterrupted):
+    """SIGTERM (SLURM, Kubernetes) while step 5 trains, mid-epoch 0: the step finishes, last.ckpt
+    holds it (global step 6; the periodic saves wrote step 4), the process says so and exits 75.
+    The same command resumes; Ctrl-C while step 11 trains (epoch 1) stops it the same way at 12;
+    the same command again finishes with the uninterrupted run's metrics."""
     from attnlab.errors import EXIT_INTERRUPTED
 
     args = _args(tmp_path, "cut")
-    stopped = _run_killed(args, tmp_path, 5, signal_name)
-    assert stopped.returncode == EXIT_INTERRUPTED == 75, stopped.stderr[-3000:]
-    assert f"interrupted ({signal_name}) at step 6" in stopped.stdout and "the same command resumes it" in stopped.stdout
-    assert "Traceback" not in stopped.stderr
     run_dir = tmp_path / "debug" / "cut"
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert (state["global_step"], state["epoch"]) == (6, 0)
+    for signal_name, step, resumed_from in (("SIGTERM", 5, None), ("SIGINT", 11, 6)):
+        stopped = _run_killed(args, tmp_path, step, signal_name)
+        assert stopped.returncode == EXIT_INTERRUPTED == 75, stopped.stderr[-3000:]
+        assert f"interrupted ({signal_name}) at step {step + 1}" in stopped.stdout, stopped.stdout[-3000:]
+        assert "the same command resumes it" in stopped.stdout and "Traceback" not in stopped.stderr
+        assert resumed_from is None or f"last.ckpt (epoch 0, step {resumed_from})" in stopped.stdout
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert (state["global_step"], state["epoch"]) == (step + 1, (step + 1) // STEPS_PER_EPOCH)
     resumed = run_process(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "last.ckpt (epoch 0, step 6)" in resumed.stdout
+    assert "last.ckpt (epoch 1, step 12)" in resumed.stdout
     _assert_same_run(run_dir, uninterrupted)
 
 
-AVERAGING = {  # epoch ends (both epochs: the first before the kill), and every 2 steps, the last 4
-    "epochs": ["--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2"],
-    "steps": ["--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "4",
-              "--trainer.callbacks.every_n_steps", "2", "--run.checkpoint_every_n_steps", "4"],
-}
+AVERAGING_BY_STEPS = [  # every 2 steps, the last 4, instead of RESUME_ARGS's two epoch ends
+    "--trainer.callbacks.every_n_steps", "2", "--trainer.callbacks.last_k", "4", "--run.checkpoint_every_n_steps", "4"]
 
 
-@pytest.mark.parametrize("mode,kill_at", [("epochs", 9), ("steps", 15)])
-def test_a_killed_run_resumed_averages_the_same_checkpoints(tmp_path, mode, kill_at):
+def test_a_killed_run_resumed_averages_the_same_snapshots_taken_by_steps(tmp_path):
     """Killed at step 15 with last.ckpt at step 12 (window 6, 8, 10, 12; snapshot 14 written after
-    it), resumed: averaged.ckpt is the uninterrupted run's (window 10, 12, 14, 16), as with epochs."""
+    it), resumed: averaged.ckpt is the uninterrupted run's (window 10, 12, 14, 16). Averages of
+    epoch-end snapshots are checked by every resume test above (RESUME_ARGS)."""
     full_root, cut_root = tmp_path / "full", tmp_path / "cut"
     cut_root.mkdir()
-    full = run_process(_args(full_root, "full", *AVERAGING[mode]), cwd=tmp_path)
+    full = run_process(_args(full_root, "full", *AVERAGING_BY_STEPS), cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
-    args = _args(cut_root, "cut", *AVERAGING[mode])
-    killed = _run_killed(args, cut_root, kill_at)
+    args = _args(cut_root, "cut", *AVERAGING_BY_STEPS)
+    killed = _run_killed(args, cut_root, 15)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = run_process(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming " in resumed.stdout
-    want, got = (torch.load(root / "debug" / version / "checkpoints" / "averaged.ckpt", map_location="cpu",
-                            weights_only=True)["state_dict"] for root, version in ((full_root, "full"), (cut_root, "cut")))
-    last = torch.load(full_root / "debug" / "full" / "checkpoints" / "last.ckpt", map_location="cpu",
-                      weights_only=True)["state_dict"]
-    assert any(not torch.equal(want[k], last[k]) for k in want)  # an average, not the last weights
-    assert want.keys() == got.keys()
-    for name, value in want.items():
-        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6, msg=name)
+    _assert_same_average(cut_root / "debug" / "cut", full_root / "debug" / "full")
 
 
 def _text_args(root, version, corpus):

@@ -16,8 +16,7 @@ import sys
 
 from attnlab.cli.quiet import silence_library_noise
 from attnlab.cli.runtime import tune_allocator
-from attnlab.errors import AttnlabError
-from attnlab.errors import interrupted_status
+from attnlab.errors import AttnlabError, interrupted_status
 
 LIGHTNING_VERBS = {
     "fit": "train a model: attnlab fit --config experiments/decoder_only.yaml",
