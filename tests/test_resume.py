@@ -7,6 +7,7 @@ metrics.csv, each exactly once.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -88,7 +89,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def _assert_same_run(resumed, full):
-    for key in ("train/loss", "val/nll", "val/loss"):
+    for key in ("train/loss", "val/nll", "val/loss", "budget/flops", "budget/tokens", "budget/epochs"):
         got, want = _steps(resumed, key), _steps(full, key)
         assert [s for s, _ in got] == [s for s, _ in want], f"{key}: logged steps differ"
         assert len({s for s, _ in got}) == len(got), f"{key}: a step is logged twice"
@@ -103,7 +104,15 @@ def _assert_same_run(resumed, full):
     # the best checkpoint's record survived the resume: the same files, none orphaned
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == sorted(
         p.name for p in (full / "checkpoints").iterdir())
+    # the budget ledger continued its totals (summary.json): the same FLOPs, tokens and epochs
+    assert _ledger(resumed) == _ledger(full) and _ledger(full)["flops"] > 0
     _assert_same_average(resumed, full)
+
+
+def _ledger(run_dir) -> dict:
+    """The fit's ledger totals but its wall time (a resumed run loses the time after its checkpoint)."""
+    totals = json.loads((run_dir / "summary.json").read_text())["ledger"]
+    return {key: value for key, value in totals.items() if key != "train_seconds"}
 
 
 def _assert_same_average(resumed, full):
@@ -139,22 +148,23 @@ def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(t
 
 
 def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, uninterrupted):
-    """SIGTERM (SLURM, Kubernetes) while step 5 trains, mid-epoch 0: the step finishes, last.ckpt
-    holds it (global step 6; the periodic saves wrote step 4), the process says so and exits 75.
-    The same command resumes; Ctrl-C while step 11 trains (epoch 1) stops it the same way at 12;
-    the same command again finishes with the uninterrupted run's metrics."""
+    """SIGTERM (SLURM, Kubernetes) while step 7 trains, the last of epoch 0: the step finishes,
+    the epoch's validation still runs (a resumed run would skip it), last.ckpt holds the step
+    (global step 8), the process says so and exits 75. The same command resumes; Ctrl-C while
+    step 11 trains, mid-epoch 1, stops it the same way at 12 (the periodic saves wrote step 10);
+    the same command again finishes with the uninterrupted run's metrics, validations included."""
     from attnlab.errors import EXIT_INTERRUPTED
 
     args = _args(tmp_path, "cut")
     run_dir = tmp_path / "debug" / "cut"
-    for signal_name, step, resumed_from in (("SIGTERM", 5, None), ("SIGINT", 11, 6)):
+    for signal_name, step, resumed_from in (("SIGTERM", 7, None), ("SIGINT", 11, 8)):
         stopped = _run_killed(args, tmp_path, step, signal_name)
         assert stopped.returncode == EXIT_INTERRUPTED == 75, stopped.stderr[-3000:]
         assert f"interrupted ({signal_name}) at step {step + 1}" in stopped.stdout, stopped.stdout[-3000:]
         assert "the same command resumes it" in stopped.stdout and "Traceback" not in stopped.stderr
         assert resumed_from is None or f"last.ckpt (epoch 0, step {resumed_from})" in stopped.stdout
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-        assert (state["global_step"], state["epoch"]) == (step + 1, (step + 1) // STEPS_PER_EPOCH)
+        assert (state["global_step"], state["epoch"]) == (step + 1, step // STEPS_PER_EPOCH)
     resumed = run_process(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "last.ckpt (epoch 1, step 12)" in resumed.stdout

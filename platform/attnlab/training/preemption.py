@@ -9,7 +9,10 @@ finished one (0) and from a failed one (1, or 2 for bad input).
 
 While training runs, these handlers replace Lightning's SIGTERM handler, which would stop a
 validation half-way and leave last.ckpt at its previous save: a signal during validation stops
-the fit after the next training step instead. Outside training (setup, the sanity check)
+the fit after the next training step instead. A validation due right after the step that saw the
+signal (an epoch's end, val_check_interval, FinalValidation) still runs, and the stop follows it:
+a resumed run starts after that validation and would never run it (seen: an epoch's validation
+row and best-checkpoint candidate lost). last.ckpt, saved before it, is saved again after it. Outside training (setup, the sanity check)
 Lightning's handler stops the command with the same status. Under Lightning's SLURM auto-requeue,
 SIGUSR1 and SIGTERM stay Lightning's. A second Ctrl-C stops at once.
 """
@@ -56,21 +59,34 @@ class Preemption(Callback):
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if not stop:
             return
-        last = next((c for c in trainer.checkpoint_callbacks if getattr(c, "save_last", False)), None)
-        if last is not None:  # ModelCheckpoint's own last.ckpt save (see attnlab.compat.private_api)
-            private.get(last, "_save_last_checkpoint")(trainer, private.get(last, "_monitor_candidates")(trainer))
+        last = self._save_last(trainer)
         where = f"; last.ckpt saved in {last.dirpath}" if last is not None else ""
         self._stopping = f"interrupted ({received or 'another rank was'}) at step {trainer.global_step}{where}; {self.resume_hint}"
 
     # The stop itself comes at the next hook, once Lightning has logged the step just saved (the
-    # resumed run starts after it and would not log it again).
+    # resumed run starts after it and would not log it again), and after a validation due at it.
     def _stop(self, *args) -> None:
         if self._stopping is not None:
             message, self._stopping = self._stopping, None
             self._say(message)
             raise Preempted(message)
 
-    on_train_batch_start = on_validation_start = on_train_epoch_end = on_train_end = _stop
+    on_train_batch_start = on_train_epoch_end = on_train_end = _stop
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._stopping is not None:
+            self._say(f"stopping after the validation due at step {trainer.global_step} (a resumed run would skip it)")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._stopping is not None:  # last.ckpt again, now after the validation (see the module docstring)
+            self._save_last(trainer)
+
+    @staticmethod
+    def _save_last(trainer):
+        last = next((c for c in trainer.checkpoint_callbacks if getattr(c, "save_last", False)), None)
+        if last is not None:  # ModelCheckpoint's own last.ckpt save (see attnlab.compat.private_api)
+            private.get(last, "_save_last_checkpoint")(trainer, private.get(last, "_monitor_candidates")(trainer))
+        return last
 
     @rank_zero_only
     def _say(self, message: str) -> None:
