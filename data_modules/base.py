@@ -72,6 +72,7 @@ class TokenizedDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
         self._examples: dict[str, list[Example]] | None = None
         self._resume_position: tuple[int, int] | None = None  # (epoch, batches trained) from a checkpoint
+        self._train_tokens: int | None = None  # train_token_count, counted once
 
     # ---- what subclasses provide -------------------------------------------------------------
 
@@ -189,6 +190,45 @@ class TokenizedDataModule(L.LightningDataModule):
                 raise ConfigError(f"{type(self).__name__} has no test split: {self.test_split_hint}")
             raise ValueError(f"unknown split {split!r}; this data module has {sorted(self._examples)}")
         return self._examples[split]
+
+    # ---- what training spends (attnlab.training.ledger and .budget) ----------------------------
+
+    def train_token_count(self) -> int:
+        """The training split's source + target tokens (no bos / sep / eos): what one pass over it
+        processes. Plain text cut into chunks counts its chunks (the tail shorter than seq_len
+        never trains)."""
+        if self._train_tokens is None:
+            examples = self.examples("train")
+            fixed = examples.lengths() if hasattr(examples, "lengths") else None
+            if fixed is not None and len(fixed) <= 1:
+                self._train_tokens = sum(s + t for s, t in fixed) * len(examples)
+            else:
+                self._train_tokens = sum(len(e.source) + len(e.target) for e in examples)
+        return self._train_tokens
+
+    def train_batches(self, epoch: int = 0) -> list[tuple[int, list[tuple[int, int]]]]:
+        """This rank's training batches of `epoch` as (how many, the (source, target) lengths of one
+        such batch's rows), from the same samplers as `train_dataloader` but without building a
+        loader (which would spend a resume position). Fixed-length data gives at most two kinds."""
+        examples = self.examples("train")
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        fixed = examples.lengths() if hasattr(examples, "lengths") else None
+        fixed = next(iter(fixed)) if fixed is not None and len(fixed) == 1 else None
+        if fixed is not None and not self.max_tokens:
+            full, rest = divmod(len(EpochRandomSampler(examples, seed=seed)), self.batch_size)
+            return [(n, [fixed] * size) for n, size in ((full, self.batch_size), (1, rest)) if n and size]
+        if self.max_tokens:
+            sampler = TokenBudgetBatchSampler(_framed_lengths(examples), self.max_tokens, seed=seed)
+            sampler.set_epoch(epoch)
+            batches = list(sampler)
+        else:
+            sampler = EpochRandomSampler(examples, seed=seed)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if fixed is not None:
+            return [(1, [fixed] * len(batch)) for batch in batches]
+        return [(1, [(len(examples[i].source), len(examples[i].target)) for i in batch]) for batch in batches]
 
     # ---- loaders -----------------------------------------------------------------------------
 

@@ -492,6 +492,18 @@ def sweep_evaluate_unknown_checkpoint(env):
     return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "evaluate.test.checkpoint='newest'", "best, last, averaged"]
 
 
+@case
+def sweep_point_budget_of_two_kinds(env):
+    sweep = env.sweep_file("base: debug.yaml\npoints:\n  base: {}\n  big: {budget: {flops: 1.0e12, epochs: 2}}\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "points.big.budget=", "names 2 budgets"]
+
+
+@case
+def sweep_budget_not_positive(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nbudget: {tokens: -5}\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "budget.tokens=-5", "> 0"]
+
+
 # ---- report ----
 
 def _report_with_damaged_metrics(env, damaged: str | bytes) -> tuple[list, Path]:
@@ -528,6 +540,33 @@ def fit_monitor_never_logged(env):
 @case
 def fit_patience_below_one(env):
     return env.fit("--run.patience", "0"), ["run.patience=0", ">= 1"]
+
+
+@case
+def fit_budget_of_two_kinds(env):
+    return env.fit("--run.budget", "{flops: 1.0e12, tokens: 1.0e6}"), [
+        "run.budget=", "names 2 budgets", "exactly one of flops, tokens, epochs, time"]
+
+
+@case
+def fit_budget_not_positive(env):
+    return env.fit("--run.budget", "{epochs: 0}"), ["run.budget.epochs=0", "> 0"]
+
+
+@case
+def fit_budget_of_unknown_kind(env):
+    return env.fit("--run.budget", "{steps: 100}"), ["run.budget", "unknown budget 'steps'", "flops, tokens, epochs, time"]
+
+
+@case
+def fit_budget_time_unparsable(env):
+    return env.fit("--run.budget", "{time: 2h}"), ["run.budget.time='2h'", "DD:HH:MM:SS"]
+
+
+@case
+def fit_time_budget_with_the_cosine_schedule(env):
+    return env.fit("--run.budget", "{time: '00:01:00:00'}"), [
+        "run.budget time='00:01:00:00'", "cosine", "optimizer.schedule"]
 
 
 @case

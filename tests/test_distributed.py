@@ -5,6 +5,8 @@ Lightning relaunches `python -m attnlab ...` for rank 1, so these run in real su
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import (
@@ -47,10 +49,12 @@ def _fit(root, *extra, fragments=(), in_process=False):
 @pytest.fixture(scope="module")
 def single_and_ddp(tmp_path_factory):
     single_root, ddp_root = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ddp")
-    # The same global batch (32) and steps (2 per epoch): 1 x 32 against 2 ranks x 16.
+    # The same global batch (32) and steps (2 per epoch): 1 x 32 against 2 ranks x 16. Two epochs
+    # as a run.budget: each rank derives the same 4 steps (rank zero's plan is broadcast).
+    budget = ["--run.budget", "{epochs: 2}"]
     _fit(single_root, "--trainer.devices", "1", "--data.init_args.batch_size", "32", "--run.version", "one",
-         in_process=True)
-    _fit(ddp_root, *DDP, "--data.init_args.batch_size", "16")  # no --run.version: rank 1 must find rank zero's folder
+         *budget, in_process=True)
+    _fit(ddp_root, *DDP, "--data.init_args.batch_size", "16", *budget)  # no --run.version: rank 1 must find rank zero's folder
     return single_root / "debug" / "one", ddp_root / "debug"
 
 
@@ -85,6 +89,15 @@ def test_ddp_training_follows_one_process_step_by_step(single_and_ddp):
     assert two["train/loss"] == pytest.approx(one["train/loss"], rel=1e-5, abs=1e-6)
     assert two["val/nll"] == pytest.approx(one["val/nll"], rel=1e-5)
     assert one["train/loss"][-1] < one["train/loss"][0]
+    # The budget ledger sums every rank's batches: the data tokens of the one process, FLOPs of
+    # batches padded per rank (no more than one batch of 32 padded to its longest pair).
+    assert two["budget/tokens"] == one["budget/tokens"] and two["budget/epochs"] == one["budget/epochs"]
+    (ledger_one, budget_one), (ledger_two, budget_two) = (
+        (summary["ledger"], summary["budget"]) for summary in (json.loads((run / "summary.json").read_text())
+                                                               for run in (single, ddp)))
+    assert ledger_two["tokens"] == ledger_one["tokens"] and ledger_two["epochs"] == ledger_one["epochs"] == 2.0
+    assert 0.5 * ledger_one["flops"] < ledger_two["flops"] <= ledger_one["flops"]
+    assert budget_one["max_steps"] == budget_two["max_steps"] == 4
 
 
 def test_an_odd_validation_split_counts_every_example_once(single_and_ddp, tmp_path):

@@ -15,14 +15,16 @@ from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.cli.preflight import check_accelerator, check_run_root, check_training_budget
 from attnlab.distributed.failures import ChildProcessReaper
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.spec import name_under_experiments
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption
 from attnlab.training.run_folder import Version, hold_run_folder, resolve_version
+from attnlab.training.budget import parse_budget
 from attnlab.training.final_validation import FinalValidation
 from attnlab.training.guards import NonFiniteLossGuard
+from attnlab.training.ledger import BudgetLedger
 from attnlab.training.per_example import PerExampleWriter, gather_rows
 from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
 from attnlab.training.parameter_summary import ParameterSummary
@@ -42,6 +44,7 @@ class AttnlabCLI(LightningCLI):
                 # the best-by-run.monitor ModelCheckpoint (and EarlyStopping) join in instantiate_trainer
                 LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.training.resume
                 RngStates(),
+                BudgetLedger(),  # FLOPs, tokens, epochs and time spent; run.budget sets max_steps (attnlab.training.budget)
                 RunSummary(),
                 NonFiniteLossGuard(),
                 FinalValidation(),  # a run that max_steps stops mid-epoch validates at its last step
@@ -143,6 +146,15 @@ class AttnlabCLI(LightningCLI):
             checkpoint = read_checkpoint(init_from, arg="run.init_from")
             load_network(model, checkpoint, f"run.init_from {init_from}", getattr(datamodule, "tokenizer", None))
             self._say(f"starting from the network weights of {init_from} ({checkpoint['attnlab']['family']})")
+        budget = parse_budget(self.setting(self.config_init, "run").budget)
+        if self.subcommand == "fit" and budget is not None:
+            if budget.kind == "time" and isinstance(model, FamilyModule) and model.optim.schedule == "cosine":
+                raise ConfigError(f"run.budget time={budget.value!r} gives no step count for the cosine schedule to "
+                                  "end at: set --model.init_args.optimizer.schedule to constant, inverse_sqrt or "
+                                  "noam, or give a budget of flops, tokens or epochs")
+            if budget.kind != "time" and not (isinstance(model, FamilyModule) and isinstance(datamodule, TokenizedDataModule)):
+                raise ConfigError(f"run.budget {budget.kind} needs an attnlab family and data module (they know "
+                                  "what a training step costs)")
         if self.subcommand == "fit" and isinstance(model, FamilyModule):
             model.check_monitor(self.setting(self.config_init, "run").monitor,
                                 datamodule if isinstance(datamodule, TokenizedDataModule) else None)
@@ -162,7 +174,10 @@ class AttnlabCLI(LightningCLI):
         self._check_before_writing()
         trainer_config = self.setting(self.config_init, "trainer", default={})
         every = self.setting(self.config_init, "run").checkpoint_every_n_steps
-        defaults = [LastCheckpoint(every) if isinstance(c, LastCheckpoint) else c
+        budget = self.setting(self.config_init, "run").budget if self.subcommand in ("fit", None) else None
+        ledger = BudgetLedger(budget, replaces=_replaced_by_budget(trainer_config, budget))
+        kwargs.update(budget_trainer_args(budget))
+        defaults = [LastCheckpoint(every) if isinstance(c, LastCheckpoint) else ledger if isinstance(c, BudgetLedger) else c
                     for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping, ParameterSummary)]
         self.trainer_defaults["callbacks"] = self._selection_callbacks() + defaults
         if trainer_config.get("enable_model_summary", True) is not False:  # ours instead of Lightning's default
@@ -304,6 +319,25 @@ def with_atomic_checkpoints(plugins):
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
     return plugins
+
+
+def budget_trainer_args(budget: dict | None) -> dict:
+    """Trainer arguments a run.budget replaces: a time budget is max_time with no step or epoch
+    limit; the others set max_steps at setup (BudgetLedger), so only a max_time of the config goes."""
+    parsed = parse_budget(budget)
+    if parsed is None:
+        return {}
+    if parsed.kind == "time":
+        return {"max_time": parsed.value, "max_steps": -1, "max_epochs": -1}
+    return {"max_time": None}
+
+
+def _replaced_by_budget(trainer_config, budget: dict | None) -> str:
+    """The trainer limits of the config that a run.budget overrides, as the run's line names them."""
+    if budget is None:
+        return ""
+    limits = [(key, trainer_config.get(key)) for key in ("max_steps", "max_epochs", "max_time")]
+    return ", ".join(f"trainer.{key}={value}" for key, value in limits if value not in (None, -1))
 
 
 def _step_of(checkpoint: Path) -> str:

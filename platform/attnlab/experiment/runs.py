@@ -55,6 +55,17 @@ class RunRecord:
         test = self.evaluations.get("test", {}).get("test/gen_tokens_per_s")
         return test if test is not None else self.final("val/gen_tokens_per_s")
 
+    def ledger(self, key: str) -> float | None:
+        """A total of the fit's budget ledger (summary.json "ledger", attnlab.training.ledger): flops,
+        tokens, unique_tokens, epochs or train_seconds; None for a run written before the ledger."""
+        return (self.summary.get("ledger") or {}).get(key)
+
+    def budget(self) -> dict | None:
+        """The fit's run.budget and what it derived (summary.json "budget"), e.g. {"flops": 2e13,
+        "max_steps": 412, "flops_per_step": ..., "tokens_per_step": ..., "steps_per_epoch": ...} or
+        {"time": "00:02:00:00", "max_time_seconds": 7200}; None for a fit without a budget."""
+        return self.summary.get("budget")
+
     def examples(self, evaluation: str) -> list[dict] | None:
         """The per-example records an evaluation saved (examples.jsonl), or None."""
         from attnlab.training.per_example import read_examples

@@ -10,6 +10,9 @@
     seeds: [0, 1, 2]                   # every point once per seed (seed_everything), in <point>/seed<k>/
     fixed:
       trainer.max_epochs: 3
+    budget: {flops: 2.0e13}            # every point trains until it has spent this (run.budget: flops, tokens,
+                                       # epochs or time; see attnlab.training.budget); a named point's own
+                                       # `budget:` wins, e.g. points: {long: {budget: {epochs: 4}}}
     evaluate:                          # after fit, test a checkpoint once per entry
       test: {}                         # the best by run.monitor (default val/nll)
       len2x: {data.init_args.eval_length_factor: 2}
@@ -40,7 +43,8 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds"}
+KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds", "budget"}
+BUDGET = "run.budget"  # what a sweep's `budget:` sets (attnlab.training.budget)
 ENTRY_KEYS = ("checkpoint", "points")  # keys of an evaluate entry that are not config overrides
 EVAL_BATCH = "data.init_args.eval_batch_size"
 CHECKPOINTS = ("best", "last", "averaged")  # what an evaluate entry's `checkpoint` may name
@@ -163,7 +167,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
     evaluate = raw.get("evaluate", {} if "frontier" in raw else {"test": {}})
     evaluate = {k: dict(_mapping(v, path, f"evaluate.{k}")) for k, v in _mapping(evaluate, path, "evaluate").items()}
     seeds = check_seeds(raw["seeds"], f"{path}: seeds") if "seeds" in raw else None
-    spec = SweepSpec(path, str(raw.get("name") or name_under_experiments(path)), base_paths, grid, _mapping(raw.get("fixed"), path, "fixed"),
+    fixed = dict(_mapping(raw.get("fixed"), path, "fixed"))
+    if "budget" in raw:
+        fixed[BUDGET] = raw["budget"]
+    _check_budgets(path, fixed, grid, named)
+    spec = SweepSpec(path, str(raw.get("name") or name_under_experiments(path)), base_paths, grid, fixed,
                      evaluate, seeds, named=named)
     names = [p.name for p in spec.grid_points()]
     if len(set(names)) != len(names):
@@ -213,7 +221,23 @@ def _named_points(raw: dict, path: Path, bases: int) -> dict[str, dict[str, Any]
             raise ConfigError(f"{path}: points.{name}: a point name is a folder name: no '/', ',' or '\\', "
                               "not 'report' or 'fit', not starting with '.', '-' or 'seed'")
         _mapping(overrides, path, f"points.{name}")
-    return {name: dict(overrides or {}) for name, overrides in points.items()}
+    # A point's `budget:` is its run.budget (the one key of a point that is not a config path).
+    return {name: {BUDGET if key == "budget" else key: value for key, value in (overrides or {}).items()}
+            for name, overrides in points.items()}
+
+
+def _check_budgets(path: Path, fixed: dict, grid: dict, named: dict | None) -> None:
+    """Every run.budget of the sweep (top level or fixed, a grid's values, named points), checked
+    and written as numbers (PyYAML reads 2.0e13 as a string) before any run starts."""
+    from attnlab.training.budget import parse_budget
+
+    if BUDGET in fixed:
+        fixed[BUDGET] = parse_budget(fixed[BUDGET], f"{path}: budget").as_dict()
+    if BUDGET in grid:
+        grid[BUDGET] = [parse_budget(v, f"{path}: grid.{BUDGET}").as_dict() for v in grid[BUDGET]]
+    for name, overrides in (named or {}).items():
+        if BUDGET in overrides:
+            overrides[BUDGET] = parse_budget(overrides[BUDGET], f"{path}: points.{name}.budget").as_dict()
 
 
 def _point_names(value, path: Path, where: str, names: list[str]) -> list[str]:

@@ -109,6 +109,12 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     def attention_weights(self, example: Example) -> list:
         """Teacher-forced attention of one example, one AttentionMap per attention kind."""
 
+    def expected_flops(self, batch: dict) -> float:
+        """The training FLOPs `loss_terms` counts for this batch (their expectation where it draws
+        noise), from the framing alone: what a `run.budget` of FLOPs divides by (attnlab.training.ledger)."""
+        raise ConfigError(f"{type(self).__name__} does not say what a training step costs (expected_flops), "
+                          "which a run.budget of flops, tokens or epochs needs")
+
     def max_output_length(self, source_length):
         """Most tokens to generate: generation.max_new_tokens, else the paper's source length + 50;
         an int, or one budget per row for a tensor of source lengths."""
@@ -200,7 +206,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             logged = totals[0] / totals[1].clamp(min=1)
         else:
             loss = logged = loss_sum / n_targets.clamp(min=1)
-        self._step_tokens, self._step_flops = terms.inputs, terms.flops
+        self._step_tokens, self.step_flops = terms.inputs, terms.flops  # step_flops: also the BudgetLedger's
         self.log("train/loss", logged, prog_bar=True, batch_size=len(batch["target"]))
         return loss
 
@@ -208,7 +214,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         """Throughput of this rank's step: train/tokens_per_s, train/tflops and train/mfu
         (= tokens/s × FLOPs per token / the device's peak)."""
         seconds = max(time.perf_counter() - self._step_started, 1e-9)
-        flops_per_s = self._step_flops / seconds
+        flops_per_s = self.step_flops / seconds
         self.log("train/tokens_per_s", self._step_tokens / seconds, batch_size=1)
         self.log("train/tflops", flops_per_s / 1e12, batch_size=1)
         self.log("train/mfu", self._mfu(flops_per_s), batch_size=1)

@@ -135,6 +135,15 @@ class BlockDiffusion(FamilyModule):
         n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
         return LossTerms(loss, nll, frame.n_targets, n_inputs, self.last_flops)
 
+    def expected_flops(self, batch):
+        """Each target token is masked with probability t ~ U[train_noise] (its block's): the output
+        projection runs on (low + high) / 2 of them on average (at the range trained at setup)."""
+        frame = self._frame(batch)
+        target, blocks, _ = frame.target_view()
+        low, high = self.train_noise.tolist()
+        masked = int((blocks >= 0).sum()) * (low + high) / 2
+        return self.flop_counter.step(len(target), target.shape[1] + frame.clean.shape[1], masked)
+
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:
         return super().validation_metrics(generates) + (list(NOISE_SEARCH_METRICS) if self.noise_candidates else [])

@@ -31,6 +31,11 @@ class DecoderOnly(FamilyModule):
         flops = self.flop_counter.step(*tokens.shape, projected=len(logits))
         return LossTerms(loss, nll, labelled.sum(1), int((tokens != ids.pad).sum()), flops)
 
+    def expected_flops(self, batch):
+        ids = self.special
+        tokens, labels = frame_prefix_target(batch, ids.bos, ids.sep, ids.eos, ids.pad)
+        return self.flop_counter.step(*tokens.shape, projected=int((labels != IGNORE).sum()))
+
     def positions_needed(self, source_length: int, target_length: int) -> int:
         if source_length == 0:  # plain LM: [bos] target, no generation
             return 1 + target_length

@@ -45,6 +45,11 @@ class EncoderDecoder(FamilyModule):
         flops = self.flop_counter.step(*decoder_in.shape, projected=len(logits), source_length=source.shape[1])
         return LossTerms(loss, nll, labelled.sum(1), n_inputs, flops)
 
+    def expected_flops(self, batch):
+        source, _, decoder_in, labels = self._frame(batch)
+        return self.flop_counter.step(*decoder_in.shape, projected=int((labels != IGNORE).sum()),
+                                      source_length=source.shape[1])
+
     def positions_needed(self, source_length: int, target_length: int) -> int:
         return max(source_length + 1, target_length + 1, self.max_output_length(source_length))
 

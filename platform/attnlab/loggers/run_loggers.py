@@ -36,6 +36,8 @@ class RunOptions:
     monitor_mode: str | None = None  # min or max; default: max for bleu, bleu_lc, chrf, exact_match, else min
     patience: int | None = None  # stop after this many validations without improvement of `monitor`
     init_from: str | None = None  # fit: start from this checkpoint's network weights (any family whose network fits)
+    budget: dict | None = None  # fit: one of {flops: F}, {tokens: T}, {epochs: E}, {time: DD:HH:MM:SS} sets the run's
+    # length (trainer.max_steps, or max_time), replacing the config's: see attnlab.training.budget
 
     def __post_init__(self):
         if self.wandb not in WANDB_MODES:
@@ -48,6 +50,9 @@ class RunOptions:
                               "(checkpoints are chosen on validation data)")
         if self.monitor_mode not in (None, "min", "max"):
             raise ConfigError(f"run.monitor_mode={self.monitor_mode!r} must be min or max (or left unset)")
+        from attnlab.training.budget import parse_budget
+
+        self.budget = None if self.budget is None else parse_budget(self.budget, "run.budget").as_dict()
         if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
                                           or self.patience < 1):
             raise ConfigError(f"run.patience={self.patience!r} must be an integer >= 1 (validations without "

@@ -8,10 +8,13 @@ from pathlib import Path
 import lightning as L
 
 from attnlab.checkpoints.atomic import atomic_write_text
+from attnlab.training.ledger import BudgetLedger
 
 
 class RunSummary(L.Callback):
-    """Family, parameter count, wall time of fit, epochs and steps, written when fit ends."""
+    """Family, parameter count, wall time of fit, epochs and steps, written when fit ends; with a
+    BudgetLedger among the callbacks its totals ("ledger") and, under run.budget, what the budget
+    derived ("budget": the budget itself, max_steps and the cost per step it came from)."""
 
     def setup(self, trainer, pl_module, stage):
         # Counted before the strategy wraps the model: FSDP leaves each rank only its shard.
@@ -31,4 +34,8 @@ class RunSummary(L.Callback):
             "epochs": trainer.current_epoch,
             "steps": trainer.global_step,
         }
+        for ledger in (c for c in trainer.callbacks if isinstance(c, BudgetLedger)):
+            summary["ledger"] = ledger.totals()
+            if ledger.plan is not None:
+                summary["budget"] = ledger.plan
         atomic_write_text(Path(log_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")

@@ -1,0 +1,153 @@
+"""BudgetLedger: what a fit spent, so runs compare at equal cost and not only at equal steps.
+
+Totals over the whole fit (continued exactly by a resumed run: they are saved in checkpoints):
+
+- flops: training FLOPs, the counter behind train/mfu (`LossTerms.flops`, counted on the shapes
+  each family really runs: block diffusion's x_t ⊕ x_0 and its masked positions, the encoder).
+  One optimizer step counts every micro-batch of its gradient accumulation on every rank.
+- tokens: data tokens processed: the non-pad source + target tokens of the training batches,
+  before each family frames them (no bos / sep / eos, no block-diffusion copy), so the same data
+  counts the same for every family.
+- unique_tokens: the training split's tokens counted the same way (the datamodule's
+  `train_token_count`: for plain text the token file's chunks, its tail shorter than seq_len
+  left out; for pairs every source and target token).
+- epochs: tokens / unique_tokens, passes over the training data however batches were cut.
+- train_seconds: wall time from Lightning's train start to train end (validation inside the fit
+  included, set-up and sanity check not), as Lightning's max_time measures it; the time between
+  a resumed run's last checkpoint and its interruption is lost, as for max_time.
+
+Logged as budget/flops, budget/tokens and budget/epochs every step (float64, so they read back
+exactly), written to summary.json by RunSummary, read back by attnlab.experiment.runs. With a
+`run.budget` (attnlab.training.budget) the ledger also sets the run's length at setup.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities import rank_zero_only
+
+from attnlab.errors import ConfigError
+from attnlab.training.budget import Budget, StepCost, describe_steps, max_steps_for, parse_budget
+from data_modules.batch import SpecialIds
+
+FIRST_PIECE = max(dataclasses.astuple(SpecialIds())) + 1  # a token id that is no special piece
+
+
+class BudgetLedger(L.Callback):
+    """Counts FLOPs, tokens and time of a fit (see the module docstring); with `budget` (a run.budget
+    mapping) sets trainer.max_steps at setup so the run spends it. `replaces`: the trainer settings
+    the budget overrides, named in the line the run prints."""
+
+    def __init__(self, budget: dict | None = None, replaces: str = ""):
+        self.budget: Budget | None = parse_budget(budget)
+        self.replaces = replaces
+        self.flops, self.tokens, self.seconds = 0, 0, 0.0
+        self.unique_tokens: int | None = None
+        self.plan: dict | None = None  # what the budget derived (summary.json "budget")
+        self._started: float | None = None
+
+    # ---- the budget --------------------------------------------------------------------------------
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        count = getattr(datamodule, "train_token_count", None)
+        self.unique_tokens = count() if count is not None else None
+        if self.budget is None:
+            return
+        if self.budget.kind == "time":
+            if not any(isinstance(c, Timer) for c in trainer.callbacks):
+                raise ConfigError("a time budget stops the run through Lightning's max_time: give the Trainer "
+                                  f"max_time={self.budget.value!r} (attnlab fit does)")
+            self.plan = {"time": self.budget.value, "max_time_seconds": self.budget.seconds}
+            self._say(f"budget: time {self.budget.value} -> max_time {self.budget.seconds:,} s (max_steps -1)")
+            return
+        if not hasattr(datamodule, "train_batches") or not hasattr(pl_module, "expected_flops"):
+            raise ConfigError(f"run.budget {self.budget.kind} needs an attnlab family and data module, which "
+                              "know a training step's cost")
+        cost = step_cost(pl_module, datamodule.train_batches(), trainer.world_size, trainer.accumulate_grad_batches)
+        max_steps = max_steps_for(self.budget, cost)
+        max_steps, cost = trainer.strategy.broadcast((max_steps, cost), src=0)  # every rank stops at one step
+        # Public loop attributes; with max_epochs -1, estimated_stepping_batches (the schedule's
+        # length, FamilyModule.configure_optimizers) is max_steps.
+        trainer.fit_loop.epoch_loop.max_steps = max_steps
+        trainer.fit_loop.max_epochs = -1
+        self.plan = {self.budget.kind: self.budget.value, "max_steps": max_steps, "flops_per_step": cost.flops,
+                     "tokens_per_step": cost.tokens, "steps_per_epoch": cost.steps_per_epoch}
+        self._say(describe_steps(self.budget, max_steps, cost))
+
+    @rank_zero_only
+    def _say(self, line: str) -> None:
+        print(line + (f"; replaces {self.replaces}" if self.replaces else ""), flush=True)
+
+    # ---- counting ----------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.seconds, self._started = self.elapsed(), None
+
+    def elapsed(self) -> float:
+        return self.seconds + (time.perf_counter() - self._started if self._started is not None else 0.0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        flops = getattr(pl_module, "step_flops", 0)
+        tokens = int(batch["source_lengths"].sum() + batch["target_lengths"].sum())
+        if trainer.world_size > 1:  # every rank's micro-batch: the totals are the run's, on every rank
+            both = torch.tensor([flops, tokens], dtype=torch.float64, device=pl_module.device)
+            flops, tokens = trainer.strategy.reduce(both, reduce_op="sum").tolist()
+            tokens = int(tokens)
+        self.flops += flops
+        self.tokens += tokens
+        logged = {"budget/flops": self.flops, "budget/tokens": self.tokens}
+        if self.unique_tokens:
+            logged["budget/epochs"] = self.tokens / self.unique_tokens
+        pl_module.log_dict({k: torch.tensor(float(v), dtype=torch.float64) for k, v in logged.items()},
+                           on_step=True, on_epoch=False, batch_size=1)
+
+    def totals(self) -> dict:
+        """summary.json's "ledger"."""
+        return {"flops": self.flops, "tokens": self.tokens, "unique_tokens": self.unique_tokens,
+                "epochs": self.tokens / self.unique_tokens if self.unique_tokens else None,
+                "train_seconds": round(self.elapsed(), 2)}
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"flops": self.flops, "tokens": self.tokens, "seconds": self.elapsed()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.flops, self.tokens = state_dict["flops"], state_dict["tokens"]
+        self.seconds = state_dict["seconds"]
+
+
+def length_batch(lengths: list[tuple[int, int]], pad: int) -> dict:
+    """A schema batch with rows of these (source, target) lengths: the shapes a family frames and
+    counts, without the data (its values never matter to the count)."""
+    source = torch.tensor([s for s, _ in lengths], dtype=torch.long)
+    target = torch.tensor([t for _, t in lengths], dtype=torch.long)
+
+    def padded(n: torch.Tensor) -> torch.Tensor:
+        width = int(n.max()) if len(n) else 0
+        return torch.where(torch.arange(width)[None, :] < n[:, None], FIRST_PIECE, pad)
+
+    return {"source": padded(source), "source_lengths": source, "target": padded(target), "target_lengths": target}
+
+
+@torch.no_grad()
+def step_cost(module, batches, world: int, accumulate: int) -> StepCost:
+    """Mean FLOPs and tokens of one optimizer step over an epoch, from this rank's batches as
+    (how many, their rows' (source, target) lengths), as `TokenizedDataModule.train_batches` gives:
+    each batch's FLOPs are the family's own count of its shapes (`expected_flops`)."""
+    flops = tokens = 0.0
+    count = 0
+    for repeats, lengths in batches:
+        flops += repeats * module.expected_flops(length_batch(lengths, module.special.pad))
+        tokens += repeats * sum(s + t for s, t in lengths)
+        count += repeats
+    steps = max(1, math.ceil(count / accumulate))
+    return StepCost(world * flops / steps, world * tokens / steps, steps)
