@@ -66,14 +66,20 @@ def _monitor_candidates_of_a_stub_trainer() -> dict:
 
 
 def _summed_statistics_score_the_corpus() -> bool:
-    """attnlab.families.metrics.ChrF sums per-sentence statistics (so DDP ranks add up exactly):
-    their score must be sacreBLEU's public corpus chrF."""
+    """attnlab.families.metrics.ChrF sums per-sentence statistics (so DDP ranks add up exactly), and
+    the bootstrap over seeds (attnlab.experiment.significance) sums them with the counts of a
+    resample: both scores must be sacreBLEU's public corpus chrF of those sentences."""
     hypotheses, references = ["the cat sat on the mat", "", "a dog"], ["the cat is on the mat", "nothing", "a dog"]
     chrf = CHRF()
     stats = private.get(chrf, "_extract_corpus_statistics")(hypotheses, [references])
+    score = private.get(chrf, "_compute_score_from_stats")
     summed = [sum(column) for column in zip(*stats)]
-    score = private.get(chrf, "_compute_score_from_stats")(summed).score
-    return len(stats) == 3 and score == pytest.approx(CHRF().corpus_score(hypotheses, [references]).score)
+    counts = (2, 0, 1)  # a resample: the first sentence twice, the second not at all
+    resampled = [float(sum(k * x for k, x in zip(counts, column))) for column in zip(*stats)]
+    repeated = [i for i, k in enumerate(counts) for _ in range(k)]
+    return (len(stats) == 3 and score(summed).score == pytest.approx(CHRF().corpus_score(hypotheses, [references]).score)
+            and score(resampled).score == pytest.approx(CHRF().corpus_score(
+                [hypotheses[i] for i in repeated], [[references[i] for i in repeated]]).score))
 
 
 def test_every_listed_name_has_a_check():

@@ -1,5 +1,6 @@
 """Intervals and paired significance in `attnlab report`, against independent references: the
-`sacrebleu` command's own paired bootstrap, an exhaustive sign-flip enumeration, Student's t by hand."""
+`sacrebleu` command's own paired bootstrap, an exhaustive sign-flip enumeration, Student's t by hand.
+(The bootstrap over seeds and Holm's correction: test_seed_significance.py.)"""
 from __future__ import annotations
 
 import csv
@@ -72,9 +73,29 @@ def _cli_p_values(tmp_path: Path, references, baseline, system) -> dict[str, flo
     return {"bleu": bleu, "chrf": chrf}
 
 
-def test_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
-    """Two rows of two seeds: the report pools seed k with seed k, so its p-values are those of
-    sacreBLEU's paired bootstrap on the concatenated outputs, as the sacrebleu command prints them."""
+def test_bleu_and_chrf_p_values_of_one_seed_equal_the_sacrebleu_command(tmp_path):
+    """Two rows of one seed: the mark's test is sacreBLEU's paired bootstrap on that seed's outputs,
+    its p (before Holm's correction over the report's 5 comparisons) as the sacrebleu command prints it."""
+    root = tmp_path / "runs" / "one"
+    good, worse = _corrupt(REFERENCES, 0.3, seed=10), _corrupt(REFERENCES, 0.45, seed=20)
+    _write_run(root, "good", 0, 0, good, [5.0] * len(REFERENCES))
+    _write_run(root, "worse", 0, 1, worse, [5.0] * len(REFERENCES))
+    rows = {row["run"]: row for row in _report(root)}
+    expected = _cli_p_values(tmp_path, REFERENCES, good, worse)
+    for metric in ("bleu", "chrf"):
+        entry = rows["worse"][f"test {metric}"]
+        assert rows["good"][f"test {metric}"]["reference"] and entry["test"] == "sacrebleu"
+        assert entry["p_raw"] == pytest.approx(expected[metric], abs=5e-5) and entry["pooled_p_raw"] == entry["p_raw"]
+    assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
+    text = (root / "report" / "report.md").read_text()
+    assert "The rows share one seed with the reference, so the test uses that seed's test examples alone" in text
+    assert "Holm-adjusted over the report's 5 comparisons" in text
+
+
+def test_pooled_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
+    """Two rows of two seeds: the marks come from the bootstrap over seeds; the pooled example-level
+    test beside it (seed k with seed k) is sacreBLEU's paired bootstrap on the concatenated outputs,
+    as the sacrebleu command prints it."""
     root = tmp_path / "runs" / "cmp"
     good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1)}
     worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1)}
@@ -83,16 +104,32 @@ def test_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
         _write_run(root, "worse", seed, 1, worse[seed], [5.0] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
     expected = _cli_p_values(tmp_path, REFERENCES * 2, good[0] + good[1], worse[0] + worse[1])
-    assert rows["good"]["test bleu"]["best"] and rows["good"]["test chrf"]["best"]
-    assert rows["worse"]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5)
-    assert rows["worse"]["test chrf"]["p"] == pytest.approx(expected["chrf"], abs=5e-5)
+    assert rows["good"]["test bleu"]["reference"] and rows["good"]["test chrf"]["reference"]
+    assert rows["worse"]["test bleu"]["test"] == "seeds"
+    assert rows["worse"]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5)
+    assert rows["worse"]["test chrf"]["pooled_p_raw"] == pytest.approx(expected["chrf"], abs=5e-5)
     assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
 
 
+def test_without_a_declared_reference_the_first_row_is_it_even_when_worse(tmp_path):
+    """The reference is chosen before any number is seen: the sweep's first point, not the best row."""
+    root = tmp_path / "runs" / "order"
+    for seed in (0, 1):
+        _write_run(root, "worse", seed, 0, _corrupt(REFERENCES, 0.6, seed=20 + seed), [6.0] * len(REFERENCES))
+        _write_run(root, "good", seed, 1, _corrupt(REFERENCES, 0.1, seed=10 + seed), [4.0] * len(REFERENCES))
+    rows = {row["run"]: row for row in _report(root)}
+    for column in ("test bleu", "test chrf", "test nll", "test exact_match"):
+        assert rows["worse"][column]["reference"] and rows["worse"][column]["p"] is None, column
+        assert rows["good"][column]["p"] < 0.05 and rows["good"][column]["test"] == "seeds", column
+    assert rows["good"]["test bleu"]["mean"] > rows["worse"]["test bleu"]["mean"]
+    text = (root / "report" / "report.md").read_text()
+    assert "Bold: the reference row, worse, which every other row is tested against (the first row" in text
+
+
 def test_a_sweeps_reference_row_is_what_every_row_is_tested_against(tmp_path):
-    """An ablation asks "does this change hurt the base?": with `reference: worse` the better row
-    is tested against the worse one (as the sacrebleu command with that baseline says), and the
-    reference is the marked row of every column though it is not the best."""
+    """An ablation asks "does this change hurt the base?": with `reference: worse` (not the first
+    point) the better row is tested against the worse one (its pooled test as the sacrebleu command
+    with that baseline says), and the reference is the marked row of every column."""
     root = tmp_path / "runs" / "ablation"
     good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1)}
     worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1)}
@@ -102,18 +139,18 @@ def test_a_sweeps_reference_row_is_what_every_row_is_tested_against(tmp_path):
     rows = {row["run"]: row for row in _report(root)}
     expected = _cli_p_values(tmp_path, REFERENCES * 2, worse[0] + worse[1], good[0] + good[1])
     for column in ("test bleu", "test chrf", "test nll"):
-        assert rows["worse"][column]["best"] and not rows["good"][column]["best"], column
+        assert rows["worse"][column]["reference"] and not rows["good"][column]["reference"], column
     assert rows["good"]["test bleu"]["mean"] > rows["worse"]["test bleu"]["mean"]
-    assert rows["good"]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5)
-    assert rows["good"]["test chrf"]["p"] == pytest.approx(expected["chrf"], abs=5e-5)
+    assert rows["good"]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5)
+    assert rows["good"]["test chrf"]["pooled_p_raw"] == pytest.approx(expected["chrf"], abs=5e-5)
     text = (root / "report" / "report.md").read_text()
     assert "Bold: the reference row, worse" in text and "**test bleu**: reference worse" in text
 
 
-def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_best(tmp_path):
-    """Best row seeds 0-2, one row 0-1, one row 1-2: each is tested against the best row's outputs
-    of its own seeds (a baseline per seed set), as the sacrebleu command on those seeds says; a
-    seedless run next to seeded ones stays a row of its own."""
+def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_reference(tmp_path):
+    """Reference row seeds 0-2, one row 0-1, one row 1-2: each is tested against the reference's
+    outputs of its own seeds (for the pooled test a baseline per seed set, as the sacrebleu command
+    on those seeds says); a seedless run next to seeded ones stays a row of its own."""
     root = tmp_path / "runs" / "mixed"
     outputs = {(name, seed): _corrupt(REFERENCES, share, seed=10 * i + seed)
                for i, (name, share) in enumerate((("best", 0.3), ("early", 0.45), ("late", 0.4)))
@@ -125,7 +162,8 @@ def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_best(
     for name, seeds in (("early", (0, 1)), ("late", (1, 2))):
         expected = _cli_p_values(tmp_path, REFERENCES * 2, sum((outputs["best", s] for s in seeds), []),
                                  sum((outputs[name, s] for s in seeds), []))
-        assert rows[name]["test bleu"]["p"] == pytest.approx(expected["bleu"], abs=5e-5), name
+        assert rows[name]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5), name
+        assert rows[name]["test bleu"]["test"] == "seeds", name
     from attnlab.experiment.report import group_points
     from attnlab.experiment.runs import RunRecord
 
@@ -168,8 +206,8 @@ def test_two_clearly_different_systems_are(tmp_path):
         _write_run(root, "weak", seed, 1, _corrupt(REFERENCES, 0.8, seed=seed), [6.0 + 0.1 * seed] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
     for column in ("test bleu", "test chrf", "test exact_match", "test nll", "test bpb"):
-        assert rows["strong"][column]["best"], column
-        assert rows["weak"][column]["p"] < 0.01, column
+        assert rows["strong"][column]["reference"], column
+        assert rows["weak"][column]["p"] < 0.01, column  # Holm-adjusted over the 5 comparisons
     text = (root / "report" / "report.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| weak |")][0]
     assert len(re.findall(r" \* \|", table)) == 5  # every tested test column of the weak row is marked

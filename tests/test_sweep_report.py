@@ -315,10 +315,10 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
     assert swept["dropout"] == {heads: 2, dropout: 0.1, lr: 0.001}
     rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())["rows"]}
     assert list(rows) == ["base", "h=1", "dropout"]
-    tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "best" in v]
+    tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "reference" in v]
     assert {"test nll", "test chrf", "test exact_match"} <= set(tested)
     for column in tested:
-        assert rows["base"][column]["best"] and not rows["h=1"][column]["best"], column
+        assert rows["base"][column]["reference"] and not rows["h=1"][column]["reference"], column
         assert rows["h=1"][column]["p"] is not None and rows["dropout"][column]["p"] is not None, column
     for row in rows.values():
         assert row["val ppl"]["values"] == pytest.approx([math.exp(v) for v in row["val nll"]["values"]])
@@ -331,7 +331,7 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
 
 def test_the_reference_comes_from_the_runs_that_name_one():
     """Runs finished before the sweep file named a reference say none and do not undo it; runs
-    naming different references leave the report testing against each column's best."""
+    naming different references leave the report testing against the first row."""
     from attnlab.experiment.report import Point, sweep_reference
     from attnlab.experiment.runs import RunRecord
 

@@ -31,8 +31,10 @@ USED = {
     ("ModelCheckpoint", "_save_last_checkpoint"): "writes last.ckpt as Lightning's own save does, after a "
                                                  "validation and when a fit is preempted",
     ("ModelCheckpoint", "_monitor_candidates"): "the metrics that last.ckpt records, gathered as Lightning gathers them",
-    ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP ranks",
-    ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed statistics, as sacreBLEU computes it",
+    ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP "
+                                           "ranks; resampled, they give the bootstrap over seeds its corpus chrF",
+    ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed (or resampled) statistics, as sacreBLEU "
+                                          "computes it",
 }
 
 

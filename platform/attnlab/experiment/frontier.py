@@ -6,8 +6,9 @@ test quality (from its largest batch), and at every
 batch size the model calls per generated token (threshold decoding calls until every row's
 block is clean, so larger batches call more) and tokens/s with its ratio to the
 reference decoding's, measured in the same sweep on the same machine. Quality is tested against
-the reference, paired on seeds and test examples (significance.test_column); a speed difference
-is called one only where the rows' intervals over seeds are apart.
+the reference, paired on seeds and test examples (significance.test_column), its p-values
+Holm-adjusted together with the rest of the report's; a speed difference is called one only
+where the rows' intervals over seeds are apart.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.experiment.runs import RunRecord
-from attnlab.experiment.significance import ColumnTest, test_column
+from attnlab.experiment.significance import TESTS, ColumnTest, test_column
 from attnlab.experiment.stats import ALPHA, Summary, summarize
 
 QUALITY = {"exact_match": "exact match", "chrf": "chrF", "bleu": "BLEU"}
@@ -73,14 +74,30 @@ def batch_sizes(rows: list[Row]) -> list[int]:
 
 
 def quality_tests(rows: list[Row], reference: str | None) -> dict[str, ColumnTest]:
-    """metric -> the test of every row's quality against the reference row's (paired on seeds and examples)."""
+    """metric -> the test of every row's quality against the reference row's (paired on seeds and
+    examples; p-values raw until significance.adjust)."""
     out = {}
     for metric in QUALITY:
-        means = {row.name: s.mean for row in rows if (s := row.summary(f"test/{metric}")) is not None}
-        if reference in means:
-            out[metric] = test_column(rows, {row.name: row.quality_evaluation for row in rows}, metric, means,
-                                      higher_is_better=True, reference=reference)
+        scored = [row.name for row in rows if row.summary(f"test/{metric}") is not None]
+        if reference in scored:
+            out[metric] = test_column(rows, {row.name: row.quality_evaluation for row in rows}, metric, scored, reference)
     return out
+
+
+@dataclass
+class FrontierTests:
+    """The frontier's rows, its reference row and its quality tests, made before the report
+    Holm-adjusts all of its comparisons together and the section is written."""
+
+    rows: list[Row]
+    reference: str | None
+    tests: dict[str, ColumnTest]
+
+
+def frontier_tests(points) -> FrontierTests | None:
+    """The frontier of the report's points with its quality tests, or None without frontier runs."""
+    rows, reference = frontier_rows(points)
+    return FrontierTests(rows, reference, quality_tests(rows, reference)) if rows else None
 
 
 def _p(tests: dict[str, ColumnTest], metric: str, row: str) -> float | None:
@@ -122,15 +139,18 @@ def frontier_table(rows: list[Row], reference: str | None, tests: dict) -> str:
     return "\n".join(lines)
 
 
-def frontier_text(rows: list[Row], reference: str | None, tests: dict) -> list[str]:
+def frontier_text(rows: list[Row], reference: str | None, tests: dict, comparisons: int | None = None) -> list[str]:
     """Per batch size, which rows are faster than the reference (and whether the seed intervals
     say so); per metric, which rows' quality differs from the reference's."""
     by_name = {row.name: row for row in rows}
     if reference not in by_name:
         return [f"The reference {reference} has no finished runs: no speed ratios and no quality tests."]
     ref = by_name[reference]
+    family = (f"Holm-adjusted over the report's {comparisons} comparisons, " if comparisons else "")
+    kinds = sorted({TESTS[c.test] for test in tests.values() for c in test.comparisons.values()})
     lines = [f"Against {reference}, timed in the same sweep. `*`: quality significantly different from the "
-             f"reference at p < {ALPHA} (paired on seeds and test examples). A speed gap counts as one when the "
+             f"reference at p < {ALPHA} ({family}paired on seeds and test examples"
+             f"{': ' + '; '.join(kinds) if kinds else ''}). A speed gap counts as one when the "
              "95 % intervals over seeds are apart."]
     for batch in batch_sizes(rows):
         theirs = ref.summary("test/gen_tokens_per_s", batch)
@@ -164,8 +184,10 @@ def frontier_json(rows: list[Row], reference: str | None, tests: dict) -> list[d
                        "reference": row.name == reference}
         for metric in QUALITY:
             if (s := row.summary(f"test/{metric}")) is not None:
+                c = tests[metric].comparisons.get(row.name) if metric in tests else None
                 entry[f"test/{metric}"] = {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high],
-                                           "p_vs_reference": _p(tests, metric, row.name)}
+                                           "p_vs_reference": _p(tests, metric, row.name),  # Holm-adjusted
+                                           "test": c and c.test}
         for key in ("gen_tokens_per_s", "nfe_per_token"):  # per batch size
             entry[key] = {str(b): {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high]}
                           for b in sorted(row.evaluations) if (s := row.summary(f"test/{key}", b))}
@@ -216,14 +238,15 @@ def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
     return save_figure(fig, output / "frontier.png", plt)
 
 
-def write_frontier(points, output: Path, metric: str) -> tuple[list[str], list[Path]]:
-    """The report's frontier section (markdown lines) and its plot; nothing without frontier runs."""
-    rows, reference = frontier_rows(points)
-    if not rows:
+def write_frontier(frontier: FrontierTests | None, output: Path, metric: str,
+                   comparisons: int | None = None) -> tuple[list[str], list[Path]]:
+    """The report's frontier section (markdown lines) and its plot; nothing without frontier runs.
+    `comparisons`: how many p-values Holm adjusted, the frontier's among them."""
+    if frontier is None:
         return [], []
-    tests = quality_tests(rows, reference)
+    rows, reference, tests = frontier.rows, frontier.reference, frontier.tests
     (output / "frontier.json").write_text(json.dumps(frontier_json(rows, reference, tests), indent=1) + "\n")
     plot = frontier_plot(rows, output, metric)
     lines = ["## Speed against quality (frontier)", "", frontier_table(rows, reference, tests), "",
-             *frontier_text(rows, reference, tests), ""]
+             *frontier_text(rows, reference, tests, comparisons), ""]
     return lines, [plot] if plot else []

@@ -3,13 +3,16 @@
 One row per grid point (a sweep point, or a run folder of its own); a point run with several
 seeds shows every metric as mean ± std over them, with n and a 95 % interval in a second table.
 Each evaluation metric (test nll, bpb, BLEU, chrF, exact match) is tested between every row and
-the column's best row, paired on the same seeds and test examples (see `significance`); the
-report marks the significant differences and says in words which differences are and are not.
+the reference row (the sweep's `reference:`, else the first row), paired on the same seeds and
+test examples, with seeds as the unit of replication (see `significance`); p is Holm-adjusted
+over every comparison of the report, and the report marks the significant differences and says
+in words which differences are and are not, and by which test.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +21,8 @@ from typing import Callable
 from attnlab.errors import AttnlabError
 from attnlab.experiment.provenance import context, read_sweep_record
 from attnlab.experiment.runs import RunRecord, collect_runs
-from attnlab.experiment.significance import ColumnTest, test_column
-from attnlab.experiment.stats import ALPHA, Summary, summarize
+from attnlab.experiment.significance import ColumnTest, adjust, test_column
+from attnlab.experiment.stats import ALPHA, HIERARCHICAL_SAMPLES, Summary, summarize
 from attnlab.families.metrics import LIKELIHOOD_METRICS
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
@@ -49,7 +52,7 @@ class Column:
     value: Callable[[RunRecord], object]
     fmt: Callable[[object], str] = str
     numeric: bool = False  # summarised over seeds (mean ± std, interval)
-    evaluation: str | None = None  # with `metric`: a paired test against the best row applies
+    evaluation: str | None = None  # with `metric`: a paired test against the reference row applies
     metric: str | None = None
     tests: ColumnTest | None = field(default=None, repr=False)
 
@@ -114,13 +117,15 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
 
 
 def run_tests(points: list[Point], columns: list[Column], reference: str | None = None) -> None:
-    """Paired tests of every evaluation column against its best row, or against the `reference`
-    row where the sweep names one (stored on the column)."""
+    """Paired tests of every evaluation column against the `reference` row the sweep names, else
+    against the first row (in sweep order) with a value in that column: chosen before any number
+    is seen, so which row the others are tested against cannot follow the results (stored on the
+    column; p-values raw until `adjust`)."""
     for column in columns:
         if column.metric is not None:
-            means = {p.name: s.mean for p in points if (s := column.summary(p)) is not None}
-            column.tests = test_column(points, column.evaluation, column.metric, means,
-                                       higher_is_better=column.metric not in LIKELIHOOD_METRICS, reference=reference)
+            scored = [p.name for p in points if column.summary(p) is not None]
+            column.tests = test_column(points, column.evaluation, column.metric, scored,
+                                       reference if reference is not None else next(iter(scored), None))
 
 
 def sweep_reference(points: list[Point]) -> str | None:
@@ -129,13 +134,14 @@ def sweep_reference(points: list[Point]) -> str | None:
     named = {r.reference for p in points for r in p.records} - {None}
     if len(named) > 1:
         print(f"report: the runs name different reference rows ({', '.join(sorted(named))}); "
-              "testing against each column's best instead", file=sys.stderr)
+              "testing against the first row instead", file=sys.stderr)
     reference = named.pop() if len(named) == 1 else None
     return reference if reference in {p.name for p in points} else None
 
 
 def _cell(column: Column, point: Point, marks: bool = True) -> str:
-    """The table's text of one cell; `marks`: bold for the best row, `*` for a significant difference."""
+    """The table's text of one cell; `marks`: bold for the reference row, `*` for a significant
+    difference (Holm-adjusted p)."""
     if not column.numeric:
         value = column.value(point.first)
         return "—" if value is None else column.fmt(value)
@@ -144,7 +150,7 @@ def _cell(column: Column, point: Point, marks: bool = True) -> str:
         return "—"
     text = column.fmt(summary.mean) + (f" ± {column.fmt(summary.std)}" if summary.n > 1 else "")
     tests = column.tests if marks else None
-    if tests is not None and tests.best == point.name:
+    if tests is not None and tests.reference == point.name:
         return f"**{text}**"
     if tests is not None and (p := tests.p_values.get(point.name)) is not None and p < ALPHA:
         return text + " *"
@@ -175,46 +181,88 @@ def interval_table(points: list[Point], columns: list[Column]) -> str:
     return "\n".join(lines)
 
 
-def significance_text(points: list[Point], columns: list[Column], reference: str | None = None) -> list[str]:
-    """One sentence per tested column: the best (or reference) row, which rows differ significantly, which do not."""
-    tested = [c for c in columns if c.tests is not None and c.tests.best is not None]
+SEEDS_WORDS = (f"a hierarchical paired bootstrap over seeds and examples ({HIERARCHICAL_SAMPLES:,} resamples: seeds drawn "
+               "with replacement, then test examples with replacement within each drawn seed, the same for both rows; "
+               "statistic: the mean over seeds of the difference of the corpus metric; p: twice its smaller tail at 0)")
+ONE_SEED_WORDS = ("that seed's test examples alone: sacreBLEU's paired bootstrap resampling for BLEU and chrF, a paired "
+                  "sign-flip permutation test for nll, bpb and exact match")
+
+
+def tests_sentence(tests: list[ColumnTest]) -> str:
+    """Which test the marks used: over seeds, on one seed's examples, or each for the rows named."""
+    rows: dict[bool, list[str]] = {}
+    for test in tests:
+        for name, c in test.comparisons.items():
+            if name not in rows.get(c.test == "seeds", []):
+                rows.setdefault(c.test == "seeds", []).append(name)
+    if set(rows) == {True, False}:
+        return (f"Rows sharing two or more seeds with the reference ({', '.join(rows[True])}): {SEEDS_WORDS}; rows "
+                f"sharing one ({', '.join(rows[False])}): {ONE_SEED_WORDS}.")
+    if False in rows:
+        return f"The rows share one seed with the reference, so the test uses {ONE_SEED_WORDS}."
+    return f"Test: {SEEDS_WORDS}."
+
+
+def significance_text(points: list[Point], columns: list[Column], reference: str | None = None,
+                      comparisons: int = 0, frontier: bool = False) -> list[str]:
+    """The words under the table: the reference row, the test and its correction, then one line per
+    tested column: which rows differ significantly, which do not, which only on the pooled test.
+    `reference`: the row the sweep names; `comparisons`: how many p-values Holm adjusted."""
+    tested = [c for c in columns if c.tests is not None and c.tests.reference is not None]
     if not tested or len(points) < 2:
         return []
     seeds = sorted({len(p.records) for p in points})
-    bold = (f"the reference row, {reference}, which every other row is tested against" if reference
-            else "the best row of a column (mean over seeds)")
+    references = list(dict.fromkeys(c.tests.reference for c in tested))
+    if reference or len(references) == 1:
+        why = "named by the sweep's `reference:`" if reference else "the first row; a sweep's `reference:` names another"
+        bold = f"the reference row, {reference or references[0]}, which every other row is tested against ({why})"
+    else:
+        bold = "the reference row of each column (the first row with a value), which every other row is tested against"
     lines = [
-        f"Bold: {bold}. `*`: significantly different from it at p < {ALPHA} "
-        f"(two-sided, paired on the same seeds and test examples: sacreBLEU's paired bootstrap resampling for BLEU "
-        f"and chrF, a paired sign-flip permutation test for nll, bpb and exact match). Seeds per row: "
-        f"{', '.join(map(str, seeds))}. Unmarked rows are not significantly different from the {'reference' if reference else 'best'}.",
+        f"Bold: {bold}. `*`: significantly different from it at p < {ALPHA}, two-sided, paired on the same seeds and "
+        f"test examples, p Holm-adjusted over the report's {comparisons} comparison{'s' if comparisons != 1 else ''} "
+        f"(every tested row of every marked column{', the frontier included' if frontier else ''}). "
+        f"{tests_sentence([c.tests for c in tested])} Seeds per row: {', '.join(map(str, seeds))}. "
+        "Unmarked rows are not significantly different from the reference.",
         "",
     ]
     by_name = {p.name: p for p in points}
-    overlapping = False
+    overlapping = pooled_only = False
     for column in tested:
         tests = column.tests
-        best = column.summary(by_name[tests.best])
-        worse = []
-        for name, p in tests.p_values.items():
-            if p is not None and p < ALPHA:
+        ref = column.summary(by_name[tests.reference])
+        worse, same, pooled = [], [], []
+        for name, c in tests.comparisons.items():
+            if c.p < ALPHA:
                 mine = column.summary(by_name[name])
-                overlap = best.low is not None and mine.low is not None and mine.low <= best.high and best.low <= mine.high
+                overlap = ref.low is not None and mine.low is not None and mine.low <= ref.high and ref.low <= mine.high
                 overlapping |= overlap
-                worse.append(f"{name} (p = {p:.3g}{'; intervals over seeds overlap' if overlap else ''})")
-        same = [f"{n} (p = {p:.3g})" for n, p in tests.p_values.items() if p is not None and p >= ALPHA]
-        parts = [f"- **{column.header}**: {'reference' if reference else 'best'} {tests.best} ({column.fmt(best.mean)})"]
+                worse.append(f"{name} (p = {c.p:.3g}{'; intervals over seeds overlap' if overlap else ''})")
+            else:
+                same.append(f"{name} (p = {c.p:.3g})")
+            if c.pooled_only:
+                pooled.append(f"{name} (pooled p = {c.pooled:.3g})")
+        pooled_only |= bool(pooled)
+        parts = [f"- **{column.header}**: reference {tests.reference} ({column.fmt(ref.mean)})"]
         parts.append(f"significantly different: {', '.join(worse)}" if worse else "no row significantly different")
         if same:
             parts.append(f"not significantly different: {', '.join(same)}")
+        if pooled:
+            parts.append(f"significant on the pooled example-level test, not over seeds: {', '.join(pooled)}")
         if tests.skipped:
             parts.append("not tested: " + ", ".join(f"{n} ({why})" for n, why in tests.skipped.items()))
         lines.append("; ".join(parts) + ".")
+    if pooled_only:
+        lines += ["", "The pooled example-level test treats every (seed, example) pair as exchangeable (sacreBLEU's "
+                  "paired bootstrap for BLEU and chrF, the sign-flip permutation test otherwise; Holm-adjusted over the "
+                  "same comparisons). A difference it calls significant and the bootstrap over seeds does not holds "
+                  "for these trained models on these test examples; another seed may not keep it."]
     if overlapping:
-        lines += ["", "The paired tests compare these trained models on these test examples. Where a row differs "
-                  "significantly but its 95 % interval over seeds overlaps the best (or reference) row's, the gap is real for "
-                  "these seeds, yet the seed-to-seed spread is as large: more seeds would tell whether another "
-                  "training run keeps the order."]
+        k = max(seeds)  # k seeds drawn k times with replacement: C(2k - 1, k) distinct draws
+        lines += ["", "Where a marked row's 95 % interval over seeds overlaps the reference row's: the bootstrap "
+                  f"draws from these few seeds only ({k} seeds give {math.comb(2 * k - 1, k)} distinct draws), which "
+                  "makes it less cautious than the t interval; more seeds would tell whether another training run "
+                  "keeps the order."]
     return lines
 
 
@@ -226,7 +274,10 @@ def quality_cells(points: list[Point], columns: list[Column]) -> dict[str, dict[
 
 
 def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
-    """report.json: per row, every column's value (numbers: per-seed values, mean, std, n, interval, p)."""
+    """report.json: per row, every column's value (numbers: per-seed values, mean, std, n, interval;
+    tested columns: whether the row is the reference, and against it: p (Holm-adjusted, the mark's),
+    p_raw, the test (a key of significance.TESTS), pooled_p and pooled_p_raw (the example-level
+    test over pooled seeds and examples))."""
     rows = []
     for point in points:
         row: dict = {"seeds": point.seeds}
@@ -239,7 +290,9 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
             if summary is not None:
                 entry.update(mean=summary.mean, std=summary.std, n=summary.n, ci95=[summary.low, summary.high])
             if column.tests is not None:
-                entry.update(best=column.tests.best == point.name, p=column.tests.p_values.get(point.name))
+                c = column.tests.comparisons.get(point.name)
+                entry.update(reference=column.tests.reference == point.name, p=c and c.p, p_raw=c and c.p_raw,
+                             test=c and c.test, pooled_p=c and c.pooled, pooled_p_raw=c and c.pooled_raw)
             row[column.header] = entry
         rows.append(row)
     return rows
@@ -279,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_main(argv: list[str]) -> int:
-    from attnlab.experiment.frontier import write_frontier
+    from attnlab.experiment.frontier import frontier_tests, write_frontier
     from attnlab.experiment.plots import write_plots
 
     args = build_parser().parse_args(argv)
@@ -293,12 +346,14 @@ def report_main(argv: list[str]) -> int:
     columns = build_columns(records)
     reference = sweep_reference(points)
     run_tests(points, columns, reference)
+    speed = frontier_tests(points)  # its marks join the report's family of comparisons
+    comparisons = adjust([c.tests for c in columns if c.tests is not None] + (list(speed.tests.values()) if speed else []))
     table, intervals = markdown_table(points, columns), interval_table(points, columns)
-    words = significance_text(points, columns, reference)
+    words = significance_text(points, columns, reference, comparisons, frontier=bool(speed and speed.tests))
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
     plots = write_plots(points, output, args.metric)
-    frontier, frontier_plots = write_frontier(points, output, args.metric)
+    frontier, frontier_plots = write_frontier(speed, output, args.metric, comparisons)
     plots += frontier_plots
     budget = budget_line(points)
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
@@ -308,7 +363,7 @@ def report_main(argv: list[str]) -> int:
     (output / "report.md").write_text("\n".join(body) + "\n")
     rows = report_rows(points, columns)
     report = {
-        "format": 2, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
+        "format": 3, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
         "budget": budget, "rows": rows, "quality": quality_cells(points, columns),
         "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier},
         "plots": [p.name for p in plots],
