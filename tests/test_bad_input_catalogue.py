@@ -468,6 +468,26 @@ def sweep_seeds_flag_zero(env):
 
 
 @case
+def sweep_reference_not_a_point(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nreference: max_steps=3\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "reference='max_steps=3'", "must name a point"]
+
+
+@case
+def sweep_tune_fewer_than_one_trial(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n"
+                           "tune:\n  trials: 0\n  space:\n    model.init_args.optimizer.lr: [0.001, 0.003]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.trials=0", "integer >= 1"]
+
+
+@case
+def sweep_tune_unknown_parameter(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n"
+                           "tune:\n  trials: 2\n  space:\n    model.init_args.optimizer.lrr: [0.001, 0.003]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.space", "lrr"]
+
+
+@case
 def sweep_monitor_never_logged(env):
     sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n")
     return ["sweep", sweep, "--root", env.tmp / "runs", "--run.monitor", "val/blue"], ["run.monitor='val/blue'",

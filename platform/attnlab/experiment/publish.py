@@ -33,6 +33,8 @@ def render_page(report: dict, stem: str) -> str:
     lines += ["95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", md["intervals"], ""]
     if md["frontier"]:
         lines += [*md["frontier"], ""]
+    if md.get("tuning"):  # report.json before the tune stage has none
+        lines += [*md["tuning"], ""]
     if report["plots"]:
         lines += ["## Plots", "", *[f"![{Path(p).stem}]({stem}/{p})" for p in report["plots"]], ""]
     lines += ["## History", "", "Every time this page was published: where, and whether every validation and test "

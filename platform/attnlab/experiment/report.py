@@ -334,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 def report_main(argv: list[str]) -> int:
     from attnlab.experiment.frontier import frontier_tests, write_frontier
     from attnlab.experiment.plots import write_plots
+    from attnlab.experiment.tune import tuning_section
 
     args = build_parser().parse_args(argv)
     if args.publish and not args.publish.endswith(".md"):
@@ -356,16 +357,18 @@ def report_main(argv: list[str]) -> int:
     frontier, frontier_plots = write_frontier(speed, output, args.metric, comparisons)
     plots += frontier_plots
     budget = budget_line(points)
+    tuning = tuning_section(folder)
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
             "the seeds of a row (n). " + budget, "", table, "", *words, "",
-            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *frontier]
+            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *frontier, *([*tuning, ""] if tuning else [])]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
     rows = report_rows(points, columns)
     report = {
         "format": 3, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
         "budget": budget, "rows": rows, "quality": quality_cells(points, columns),
-        "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier},
+        "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier,
+                     "tuning": tuning},
         "plots": [p.name for p in plots],
     }
     (output / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")

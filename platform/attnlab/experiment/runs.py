@@ -177,8 +177,11 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
     root = Path(root)
     if not root.is_dir():
         raise AttnlabError(f"{root} is not a folder of runs")
+    # A sweep's tuning trials (<sweep>/tune/, beside its tune.db) are the report's tuning section, not rows.
+    tuning = [db.parent for db in root.rglob("tune.db") if db.parent != root]
     folders = [p.parent for p in sorted(root.rglob("metrics.csv"))
-               if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+               if not any(part.startswith(".") for part in p.relative_to(root).parts)
+               and not any(folder in p.parents for folder in tuning)]
     histories = {}
     for folder in list(folders):
         try:

@@ -6,7 +6,7 @@
     points:                            # instead of a grid: named points, each its own overrides (an
       base: {}                         # ablation table changes one thing at a time, not all combinations)
       h=1: {model.init_args.backbone.n_heads: 1}
-    reference: base                    # test every row against this point, not against each column's best
+    reference: base                    # test every row against this point (default: the first point)
     seeds: [0, 1, 2]                   # every point once per seed (seed_everything), in <point>/seed<k>/
     fixed:
       trainer.max_epochs: 3
@@ -24,6 +24,9 @@
         decoder_only: {greedy: {}}
         block_diffusion: {"tau=0.9": {model.init_args.unmasking: threshold, model.init_args.threshold: 0.9}}
       reference: decoder_only/greedy   # what the others are compared with (default: the first listed)
+    tune:                              # the same search for every point before its seeds (Optuna; see
+      trials: 8                        # attnlab.experiment.tune): trials per point, chosen on validation
+      space: {model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}}
 
 A frontier becomes one evaluate entry per (decoding, batch size), named `<decoding>@b<batch>` and
 run only for its point; with a frontier and no `evaluate:`, nothing else is tested.
@@ -43,7 +46,7 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds", "budget"}
+KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds", "tune", "budget"}
 BUDGET = "run.budget"  # what a sweep's `budget:` sets (attnlab.training.budget)
 ENTRY_KEYS = ("checkpoint", "points")  # keys of an evaluate entry that are not config overrides
 EVAL_BATCH = "data.init_args.eval_batch_size"
@@ -89,7 +92,8 @@ class SweepSpec:
     seeds: list[int] | None = None
     frontier: Frontier | None = None
     named: dict[str, dict[str, Any]] | None = None  # `points:` (name -> overrides), instead of a grid
-    reference: str | None = None  # the point every row is tested against (None: each column's best)
+    reference: str | None = None  # the point every row is tested against (None: the first point)
+    tune: Any = None  # attnlab.experiment.tune.TuneSpec: the same search for every point, before its seeds
 
     @property
     def swept_keys(self) -> list[str]:
@@ -184,6 +188,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
             if "points" in entry and spec.reference not in entry["points"]:
                 raise ConfigError(f"{path}: evaluate.{name}.points leaves out the reference point {spec.reference!r}, "
                                   "so nothing could be tested against it: add it to that list")
+    if "tune" in raw:
+        from attnlab.experiment.tune import parse_tune
+
+        monitor = spec.fixed.get("run.monitor", "val/nll")
+        spec.tune = parse_tune(raw["tune"], path, spec.swept_keys + list(spec.fixed), monitor)
     if "frontier" in raw:
         spec.frontier = _frontier(raw["frontier"], path, names)
         for name, entry in spec.frontier.entries.items():

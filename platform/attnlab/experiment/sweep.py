@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -159,6 +160,9 @@ class SweepRunner:
         for p in points:
             if p not in todo:
                 print(f"[sweep] {p.folder}: finished before, skipped")
+        untuned: list[str] = []
+        if self.spec.tune is not None and todo:  # the same search for every point, before its seeds
+            todo, untuned = self.tuned(todo)
         if len(self.devices) > 1:
             free: queue.Queue = queue.Queue()
             for device in self.devices:
@@ -167,7 +171,36 @@ class SweepRunner:
                 results = list(pool.map(lambda p: self._run_on_free_device(p, free), todo))
         else:
             results = [self.run_point(p, self.devices[0] if self.devices else None) for p in todo]
-        return [p.folder for p, ok in zip(todo, results) if not ok]
+        return untuned + [p.folder for p, ok in zip(todo, results) if not ok]
+
+    def tuned(self, todo: list[SweepPoint]) -> tuple[list[SweepPoint], list[str]]:
+        """`todo` with each point's tuned values among its overrides, and the folders of the points
+        whose every trial failed (they do not run)."""
+        from attnlab.experiment.tune import Tuner
+
+        env = dict(os.environ)
+        if self.devices:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices[0]  # trials run one after another
+
+        def fit(args: list[str]) -> int:
+            status = EXIT_INTERRUPTED if STOP.requested else self._call(args, env, None)
+            if status == EXIT_INTERRUPTED:
+                message = "[tune] a trial was interrupted; the same sweep command resumes it"
+                print(message, file=sys.stderr, flush=True)
+                raise Preempted(message)
+            return status
+
+        tuner = Tuner(self.spec, self.sweep_dir, self.root, self.passthrough, fit)
+        chosen: dict[str, dict | None] = {}
+        for point in self.spec.grid_points():
+            if any(p.name == point.name for p in todo):
+                chosen[point.name] = tuner.best_params(point)
+        ready = [replace(p, overrides={**p.overrides, **chosen[p.name]}) for p in todo if chosen[p.name] is not None]
+        failed = [p.folder for p in todo if chosen[p.name] is None]
+        for name in sorted({p.name for p in todo if chosen[p.name] is None}):
+            print(f"[sweep] {name}: every tuning trial failed (see {tuner.folder / name}); its seeds do not run",
+                  file=sys.stderr, flush=True)
+        return ready, failed
 
     def _run_on_free_device(self, point: SweepPoint, free: queue.Queue) -> bool:
         device = free.get()
@@ -217,6 +250,8 @@ class SweepRunner:
                  for key in self.spec.swept_keys}
         done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
                 "swept": swept, "overrides": point.overrides, "seconds": seconds}
+        if self.spec.tune is not None:  # the values the tune stage chose for this point
+            done["tuned"] = {key: point.overrides[key] for key in self.spec.tune.space if key in point.overrides}
         if self.spec.reference is not None:  # what the report's tests compare with
             done["reference"] = self.spec.reference
         if self.spec.frontier is not None:  # what the report's frontier section reads
@@ -334,6 +369,10 @@ def sweep_main(argv: list[str]) -> int:
             raise ConfigError(f"--seeds {args.seeds}: must be at least 1 (the number of seeds, 0..N-1)")
         spec.seeds = list(range(args.seeds))
     check_run_options(spec, passthrough)
+    if spec.tune is not None:
+        from attnlab.experiment.tune import check_space_keys
+
+        check_space_keys(spec, passthrough)
     if args.export_wandb:
         Path(args.export_wandb).write_text(yaml.safe_dump(wandb_sweep_config(spec), sort_keys=False))
         print(f"wrote {args.export_wandb}; start it with `wandb sweep {args.export_wandb}` and then `wandb agent <sweep id>`")
@@ -341,6 +380,9 @@ def sweep_main(argv: list[str]) -> int:
     devices = args.devices.split(",") if args.devices else visible_gpus()
     runner = SweepRunner(spec, args.root, passthrough, devices)
     if args.dry_run:
+        if spec.tune is not None:
+            print(f"tune: {spec.tune.trials} trial(s) of `attnlab fit` per point ({spec.tune.sampler}, best "
+                  f"{spec.tune.metric}), each in {runner.sweep_dir / 'tune' / '<point>'}, before the runs below")
         for point in spec.points():
             for stage, command in point_commands(spec, point, args.root, passthrough).items():
                 print(f"{point.folder} [{stage}]: attnlab {' '.join(command)}")

@@ -1,0 +1,284 @@
+"""Equal tuning: every point of a sweep gets the same search (space, number of trials, metric)
+before its seeds run, so a comparison measures the families and not the care each one got.
+
+Wen et al. 2025 found claimed 1.4-2x optimizer speed-ups fall to ~1.1x once every contender is
+tuned alike. Optuna does the search (TPE, or a grid); its study lives in `<sweep>/tune/tune.db`
+(SQLite), one study per point, so a rerun of the same sweep command resumes the tuning without
+repeating a finished trial, and a trial cut short resumes its own fit from last.ckpt.
+
+    tune:
+      trials: 8                    # per point, the same for every point
+      metric: val/nll              # chosen on validation data (default: the sweep's run.monitor)
+      sampler: tpe                 # or grid (every space entry a list; trials default to the grid's size)
+      seed: 0                      # the sampler's seed and every trial's seed_everything
+      space:
+        model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}
+        model.init_args.backbone.dropout: [0.0, 0.1, 0.3]
+        model.init_args.optimizer.warmup_steps: {low: 0, high: 400}   # integers: an integer range
+
+Each trial is `attnlab fit` in `<sweep>/tune/<point>/trial<k>/`; its value is the best `metric`
+that trial validated. The best trial's values then join the point's overrides for its seeds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from attnlab.checkpoints.atomic import atomic_write_text
+from attnlab.errors import ConfigError
+
+TUNE_KEYS = ("space", "trials", "metric", "sampler", "seed")
+SAMPLERS = ("tpe", "grid")
+FOLDER = "tune"  # under the sweep folder: tune.db, tune.json and one folder of trials per point
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched config value: a list of choices, or a range (log scale on request)."""
+
+    key: str
+    choices: tuple | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+
+    def distribution(self):
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.choices is not None:
+            return CategoricalDistribution(self.choices)
+        if isinstance(self.low, int) and isinstance(self.high, int) and not self.log:
+            return IntDistribution(self.low, self.high)
+        return FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    space: dict[str, Param]
+    trials: int
+    metric: str
+    sampler: str = "tpe"
+    seed: int = 0
+
+    @property
+    def direction(self) -> str:
+        from attnlab.loggers.run_loggers import RunOptions
+
+        return "maximize" if RunOptions(monitor=self.metric).mode == "max" else "minimize"
+
+    def make_sampler(self):
+        import optuna
+
+        if self.sampler == "grid":
+            return optuna.samplers.GridSampler({k: list(p.choices) for k, p in self.space.items()}, seed=self.seed)
+        return optuna.samplers.TPESampler(seed=self.seed)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _param(key: str, raw, where: str) -> Param:
+    if isinstance(raw, list):
+        if not raw:
+            raise ConfigError(f"{where}: an empty list of choices; give at least one value")
+        return Param(key, choices=tuple(raw))
+    if not isinstance(raw, dict) or set(raw) - {"low", "high", "log"} or not {"low", "high"} <= set(raw):
+        raise ConfigError(f"{where}: give a list of choices, e.g. [0.0, 0.1], or a range "
+                          "{low: 1.0e-4, high: 3.0e-3, log: true}")
+    low, high, log = raw["low"], raw["high"], raw.get("log", False)
+    if not (_number(low) and _number(high)) or low >= high:
+        raise ConfigError(f"{where}: low={low!r} and high={high!r} must be numbers with low < high")
+    if not isinstance(log, bool) or (log and low <= 0):
+        raise ConfigError(f"{where}: log={log!r} must be true or false, and a log range needs low > 0")
+    return Param(key, low=low, high=high, log=log)
+
+
+def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str) -> TuneSpec:
+    """The `tune:` block of a sweep file; every mistake names the field and the fix."""
+    where = f"{path}: tune"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping with space: and trials: (see attnlab.experiment.tune)")
+    unknown = set(raw) - set(TUNE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; tune has {', '.join(TUNE_KEYS)}")
+    space_raw = raw.get("space")
+    if not isinstance(space_raw, dict) or not space_raw:
+        raise ConfigError(f"{where}.space must map config keys to choices or ranges, e.g. "
+                          "model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}")
+    space = {str(k): _param(str(k), v, f"{where}.space.{k}") for k, v in space_raw.items()}
+    clash = [k for k in space if k in swept_keys]
+    if clash:
+        raise ConfigError(f"{where}.space.{clash[0]} is also set by grid, points or fixed: tune it or set it, not both")
+    sampler = raw.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"{where}.sampler={sampler!r} must be one of {', '.join(SAMPLERS)}")
+    if sampler == "grid":
+        ranged = [k for k, p in space.items() if p.choices is None]
+        if ranged:
+            raise ConfigError(f"{where}.space.{ranged[0]}: the grid sampler needs a list of choices, not a range")
+    grid_size = math.prod(len(p.choices) for p in space.values()) if sampler == "grid" else None
+    trials = raw.get("trials", grid_size)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ConfigError(f"{where}.trials={trials!r} must be an integer >= 1 (trials per point)")
+    if grid_size is not None and trials > grid_size:
+        raise ConfigError(f"{where}.trials={trials} is more than the grid's {grid_size} combinations")
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"{where}.seed={seed!r} must be an integer >= 0")
+    metric = raw.get("metric", monitor)
+    from attnlab.loggers.run_loggers import RunOptions
+
+    try:
+        RunOptions(monitor=metric)  # a validation metric: tuning on test data would select on the test
+    except ConfigError as err:
+        raise ConfigError(f"{where}.metric: {err}") from None
+    return TuneSpec(space, trials, metric, sampler, seed)
+
+
+def check_space_keys(spec, passthrough: list[str]) -> None:
+    """Every tune.space key is an option `attnlab fit` knows, checked once per base config with the
+    space's first values before any trial runs (the fit's own parser says which key is wrong)."""
+    from attnlab.experiment.spec import as_cli_args
+
+    values = {k: (p.choices[0] if p.choices is not None else p.low) for k, p in spec.tune.space.items()}
+    for point in {tuple(p.configs): p for p in spec.grid_points()}.values():
+        configs = [arg for config in point.configs for arg in ("--config", str(config))]
+        command = [sys.executable, "-m", "attnlab", "fit", *configs, *as_cli_args({**point.overrides, **values}),
+                   *passthrough, "--print_config"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = [line.removeprefix("attnlab: error: ") for line in done.stderr.splitlines()
+                    if line.startswith("attnlab: error: ")]
+            raise ConfigError(f"{spec.path}: tune.space does not fit point {point.name}: "
+                              f"{said[-1] if said else 'attnlab fit refused it'} (tune.space keys are options of attnlab fit)")
+
+
+def best_value(history: list[dict[str, float]], metric: str, direction: str) -> float | None:
+    """The best validation value of `metric` a trial logged (what its best checkpoint holds)."""
+    values = [row[metric] for row in history if metric in row and math.isfinite(row[metric])]
+    if not values:
+        return None
+    return max(values) if direction == "maximize" else min(values)
+
+
+class Tuner:
+    """Runs the missing trials of each point's study and says which values won.
+
+    `fit(args) -> exit status` runs one `attnlab fit` (the sweep's own runner, so that preemption,
+    devices and logs behave as for any run); a status of EXIT_INTERRUPTED leaves the trial
+    running in the study, and the next sweep resumes it in its folder."""
+
+    def __init__(self, spec, sweep_dir: Path, root: str, passthrough: list[str], fit: Callable[[list[str]], int]):
+        self.spec, self.tune = spec, spec.tune
+        self.folder = sweep_dir / FOLDER
+        self.root, self.passthrough, self.fit = root, passthrough, fit
+
+    def study(self, point):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours, below
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return optuna.create_study(storage=f"sqlite:///{(self.folder / 'tune.db').resolve()}", study_name=point.name,
+                                   direction=self.tune.direction, sampler=self.tune.make_sampler(),
+                                   load_if_exists=True)
+
+    def best_params(self, point) -> dict[str, Any] | None:
+        """Tune `point` (a grid point, no seed) to its number of trials; its best trial's values, or
+        None when every trial failed."""
+        from optuna.trial import TrialState
+
+        study = self.study(point)
+        distributions = {k: p.distribution() for k, p in self.tune.space.items()}
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self._run(study, point, trial.number, trial.params)  # cut short earlier: resumes from its last.ckpt
+        while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))) < self.tune.trials:
+            trial = study.ask(distributions)
+            self._run(study, point, trial.number, trial.params)
+        self._write_record(point, study)
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        return study.best_trial.params if done else None
+
+    def trial_dir(self, point, number: int) -> Path:
+        return self.folder / point.name / f"trial{number}"
+
+    def _run(self, study, point, number: int, params: dict[str, Any]) -> None:
+        from attnlab.experiment.runs import read_metrics
+        from attnlab.experiment.spec import as_cli_args
+        from optuna.trial import TrialState
+
+        configs = [arg for config in point.configs for arg in ("--config", str(config))]
+        args = ["fit", *configs, *as_cli_args({**point.overrides, **params}), f"--seed_everything={self.tune.seed}",
+                *self.passthrough, "--run.root", self.root, "--run.name", f"{self.spec.name}/{FOLDER}/{point.name}",
+                "--run.group", self.spec.name, "--run.version", f"trial{number}"]
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in params.items())
+        print(f"[tune] {point.name}: trial {number + 1}/{self.tune.trials} ({shown})", flush=True)
+        status = self.fit(args)  # raises Preempted on EXIT_INTERRUPTED: the trial stays RUNNING
+        metrics = self.trial_dir(point, number) / "metrics.csv"
+        value = best_value(read_metrics(metrics), self.tune.metric, self.tune.direction) \
+            if status == 0 and metrics.is_file() else None
+        if value is None:
+            study.tell(number, state=TrialState.FAIL)
+            print(f"[tune] {point.name}: trial {number + 1} failed (exit status {status}); it counts as one of "
+                  f"the {self.tune.trials} trials and is not chosen", flush=True)
+            return
+        study.tell(number, value)
+        print(f"[tune] {point.name}: trial {number + 1}: {self.tune.metric} {value:.4f} "
+              f"(best so far {study.best_value:.4f})", flush=True)
+
+    def _write_record(self, point, study) -> None:
+        """tune.json: every point's trials and choice, for the report (rewritten whole after each point)."""
+        record_file = self.folder / "tune.json"
+        record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        trials = [{"number": t.number, "params": t.params, "value": t.value, "state": t.state.name,
+                   "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
+                   if t.datetime_complete and t.datetime_start else None}
+                  for t in study.get_trials(deepcopy=False)]
+        complete = [t for t in trials if t["state"] == "COMPLETE"]
+        record[point.name] = {"metric": self.tune.metric, "direction": self.tune.direction, "sampler": self.tune.sampler,
+                              "trials": trials, "chosen": study.best_trial.params if complete else None,
+                              "space": {k: vars(p) for k, p in self.tune.space.items()}}
+        atomic_write_text(record_file, json.dumps(record, indent=1, default=list) + "\n")
+
+
+def _short(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def tuning_section(sweep_dir: Path) -> list[str]:
+    """The report's words on the tune stage (from tune/tune.json): per point, every trial's values
+    and score, the values chosen, and what the tuning spent; [] for a sweep without one."""
+    record_file = Path(sweep_dir) / FOLDER / "tune.json"
+    if not record_file.is_file():
+        return []
+    record = json.loads(record_file.read_text())
+    if not record:
+        return []
+    first = next(iter(record.values()))
+    keys = list(first["space"])
+    counts = {len(point["trials"]) for point in record.values()}
+    lines = ["## Tuning", "",
+             f"Every point was tuned alike before its seeds ran: {'/'.join(map(str, sorted(counts)))} trial(s) of "
+             f"`attnlab fit` each ({first['sampler']} sampler), chosen by the "
+             f"{'highest' if first['direction'] == 'maximize' else 'lowest'} {first['metric']} a trial validated "
+             "(validation data only). The seeds of a point then ran with its chosen values.", ""]
+    header = ["point", "trial", *(k.rsplit(".", 1)[-1] for k in keys), first["metric"], "state", "fit seconds"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, point in record.items():
+        chosen = point.get("chosen")
+        for trial in point["trials"]:
+            won = chosen is not None and trial["state"] == "COMPLETE" and trial["params"] == chosen
+            value = "" if trial["value"] is None else f"{trial['value']:.4f}"
+            cells = [name, str(trial["number"]), *(_short(trial["params"].get(k, "")) for k in keys),
+                     f"**{value}**" if won else value, trial["state"].lower(),
+                     "" if trial["seconds"] is None else f"{trial['seconds']:.0f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    spent = sum(t["seconds"] or 0 for point in record.values() for t in point["trials"])
+    lines += ["", f"Bold: the trial each point kept. The tuning spent {spent / 60:.1f} minutes of fits "
+                  f"({sum(len(p['trials']) for p in record.values())} trials)."]
+    return lines
