@@ -133,6 +133,15 @@ def test_an_epochs_budget_trains_that_many_passes_over_the_training_tokens(cli, 
     assert budget["tokens_per_step"] == unique / 2  # the mean of an epoch's two batches
     longest = max(len(e.source) + len(e.target) for e in pairs)
     assert abs(ledger["tokens"] - 1.5 * unique) <= 32 * longest
+    # the report says what was matched, and shows what the run spent
+    report = cli("report", tmp_path / "debug", "--wandb", "disabled")
+    assert report.code == 0, report.err[-3000:]
+    page = (tmp_path / "debug" / "report" / "report.md").read_text()
+    assert "Budget: every run trained under a budget of epochs 1.5 (3 optimizer steps)" in page
+    header, _, row = report.out.splitlines()[:3]
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["train FLOPs"] == f"{ledger['flops']:.2e}" and cells["epochs"] == f"{ledger['epochs']:.2f}"
+    assert cells["train tokens"] == (f"{ledger['tokens']:.2e}" if ledger["tokens"] >= 1e4 else f"{ledger['tokens']:.3g}")
     assert ledger["epochs"] == pytest.approx(1.5, abs=32 * longest / unique)
     (record,) = collect_runs(tmp_path)  # what the report reads
     assert record.ledger("tokens") == ledger["tokens"] and record.ledger("epochs") == ledger["epochs"]

@@ -72,6 +72,11 @@ def _params(v) -> str:
     return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v / 1e3:.1f}k"
 
 
+def _count(v) -> str:
+    """FLOPs and tokens: three digits and a power of ten (5.12e+06)."""
+    return f"{v:.3g}" if v < 1e4 else f"{v:.2e}"
+
+
 def _minutes(v) -> str:
     return f"{int(v // 60)}:{int(v % 60):02d}"
 
@@ -110,6 +115,10 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
                 columns.append(Column(f"{evaluation} {name}", lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k),
                                       _quality_fmt(name), numeric=True, evaluation=evaluation, metric=name))
+    if any(r.ledger("flops") is not None for r in records):  # what each run spent (attnlab.training.ledger)
+        columns.append(Column("train FLOPs", lambda r: r.ledger("flops"), _count, numeric=True))
+        columns.append(Column("train tokens", lambda r: r.ledger("tokens"), _count, numeric=True))
+        columns.append(Column("epochs", lambda r: r.ledger("epochs"), _number(2), numeric=True))
     columns.append(Column("train tok/s", RunRecord.train_tokens_per_s, _thousands, numeric=True))
     columns.append(Column("gen tok/s", RunRecord.gen_tokens_per_s, _thousands, numeric=True))
     columns.append(Column("fit wall", lambda r: r.summary.get("fit_seconds"), _minutes, numeric=True))
@@ -299,11 +308,18 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
 
 
 def budget_line(points: list[Point]) -> str:
-    """What every run of the table was given: optimizer steps and epochs (summary.json), and the seeds."""
+    """What every run of the table was given: its run.budget where it had one (what was matched,
+    and the steps each run derived from it), else optimizer steps and epochs (summary.json); and
+    the seeds."""
     def spent(record: RunRecord) -> str:
         steps, epochs = record.summary.get("steps"), record.summary.get("epochs")
         if steps is None:
             return "unknown (no summary.json)"
+        budget = record.budget() or {}
+        kind = next((k for k in ("flops", "tokens", "epochs", "time") if k in budget), None)
+        if kind is not None:
+            amount = budget[kind] if isinstance(budget[kind], str) else f"{budget[kind]:.3g}"
+            return f"under a budget of {kind} {amount} ({steps:,} optimizer steps)"
         return f"{steps:,} optimizer steps" + (f" ({epochs} epoch{'s' if epochs != 1 else ''})" if epochs else "")
 
     budgets = {p.name: sorted({spent(r) for r in p.records}) for p in points}
