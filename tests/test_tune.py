@@ -28,11 +28,19 @@ LR = "model.init_args.optimizer.lr"
     ({"trials": 2, "space": {LR: [1e-3]}, "metric": "test/bleu"}, "tune.metric"),
     ({"trials": 2, "space": {LR: [1e-3]}, "budget": 3}, "unknown key(s) budget"),
     ({"trials": 2, "space": {"trainer.max_steps": [1, 2]}}, "also set by grid, points or fixed"),
+    ({"trials": 2, "space": {LR: [1e-3]}, "points": ["c"]}, "tune.points: 'c' is not a point; the points are a, b"),
+    ({"trials": 2, "space": {LR: [1e-3]}, "points": []}, "non-empty list of point names"),
 ])
 def test_a_bad_tune_block_names_its_field(tmp_path, block, needle):
     with pytest.raises(ConfigError) as caught:
-        parse_tune(block, tmp_path / "s.yaml", ["trainer.max_steps"], "val/nll")
+        parse_tune(block, tmp_path / "s.yaml", ["trainer.max_steps"], "val/nll", ["a", "b"])
     assert needle in str(caught.value)
+
+
+def test_tune_points_limit_the_search_to_the_points_named(tmp_path):
+    every = parse_tune({"trials": 1, "space": {LR: [1e-3]}}, tmp_path / "s.yaml", [], "val/nll", ["a", "b"])
+    some = parse_tune({"trials": 1, "space": {LR: [1e-3]}, "points": ["b"]}, tmp_path / "s.yaml", [], "val/nll", ["a", "b"])
+    assert every.tunes("a") and every.tunes("b") and not some.tunes("a") and some.tunes("b")
 
 
 def test_ranges_become_optuna_distributions_and_grids_default_to_their_size(tmp_path):

@@ -192,7 +192,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         from attnlab.experiment.tune import parse_tune
 
         monitor = spec.fixed.get("run.monitor", "val/nll")
-        spec.tune = parse_tune(raw["tune"], path, spec.swept_keys + list(spec.fixed), monitor)
+        spec.tune = parse_tune(raw["tune"], path, spec.swept_keys + list(spec.fixed), monitor, names)
     if "frontier" in raw:
         spec.frontier = _frontier(raw["frontier"], path, names)
         for name, entry in spec.frontier.entries.items():

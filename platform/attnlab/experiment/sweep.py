@@ -194,7 +194,7 @@ class SweepRunner:
         chosen: dict[str, dict | None] = {}
         for point in self.spec.grid_points():
             if any(p.name == point.name for p in todo):
-                chosen[point.name] = tuner.best_params(point)
+                chosen[point.name] = tuner.best_params(point) if self.spec.tune.tunes(point.name) else {}
         ready = [replace(p, overrides={**p.overrides, **chosen[p.name]}) for p in todo if chosen[p.name] is not None]
         failed = [p.folder for p in todo if chosen[p.name] is None]
         for name in sorted({p.name for p in todo if chosen[p.name] is None}):

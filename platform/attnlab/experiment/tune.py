@@ -11,6 +11,8 @@ repeating a finished trial, and a trial cut short resumes its own fit from last.
       metric: val/nll              # chosen on validation data (default: the sweep's run.monitor)
       sampler: tpe                 # or grid (every space entry a list; trials default to the grid's size)
       seed: 0                      # the sampler's seed and every trial's seed_everything
+      points: [ar_regularised]     # only these points (default: every point; an ablation that asks
+                                   # "does tuning X close the gap?" tunes some points and not others)
       space:
         model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}
         model.init_args.backbone.dropout: [0.0, 0.1, 0.3]
@@ -32,7 +34,7 @@ from typing import Any, Callable
 from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.errors import ConfigError
 
-TUNE_KEYS = ("space", "trials", "metric", "sampler", "seed")
+TUNE_KEYS = ("space", "trials", "metric", "sampler", "seed", "points")
 SAMPLERS = ("tpe", "grid")
 FOLDER = "tune"  # under the sweep folder: tune.db, tune.json and one folder of trials per point
 
@@ -64,6 +66,10 @@ class TuneSpec:
     metric: str
     sampler: str = "tpe"
     seed: int = 0
+    points: tuple[str, ...] | None = None  # the points tuned (None: every point)
+
+    def tunes(self, point_name: str) -> bool:
+        return self.points is None or point_name in self.points
 
     @property
     def direction(self) -> str:
@@ -99,7 +105,7 @@ def _param(key: str, raw, where: str) -> Param:
     return Param(key, low=low, high=high, log=log)
 
 
-def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str) -> TuneSpec:
+def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str, point_names: list[str] | None = None) -> TuneSpec:
     """The `tune:` block of a sweep file; every mistake names the field and the fix."""
     where = f"{path}: tune"
     if not isinstance(raw, dict):
@@ -138,7 +144,15 @@ def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str) -> TuneSpec
         RunOptions(monitor=metric)  # a validation metric: tuning on test data would select on the test
     except ConfigError as err:
         raise ConfigError(f"{where}.metric: {err}") from None
-    return TuneSpec(space, trials, metric, sampler, seed)
+    points = raw.get("points")
+    if points is not None:
+        if not isinstance(points, list) or not points or not all(isinstance(p, str) for p in points):
+            raise ConfigError(f"{where}.points must be a non-empty list of point names (or left out: every point)")
+        unknown = [p for p in points if point_names is not None and p not in point_names]
+        if unknown:
+            raise ConfigError(f"{where}.points: {unknown[0]!r} is not a point; the points are {', '.join(point_names)}")
+        points = tuple(points)
+    return TuneSpec(space, trials, metric, sampler, seed, points)
 
 
 def check_space_keys(spec, passthrough: list[str]) -> None:
@@ -263,10 +277,10 @@ def tuning_section(sweep_dir: Path) -> list[str]:
     keys = list(first["space"])
     counts = {len(point["trials"]) for point in record.values()}
     lines = ["## Tuning", "",
-             f"Every point was tuned alike before its seeds ran: {'/'.join(map(str, sorted(counts)))} trial(s) of "
+             f"Tuned alike before their seeds ran ({', '.join(record)}): {'/'.join(map(str, sorted(counts)))} trial(s) of "
              f"`attnlab fit` each ({first['sampler']} sampler), chosen by the "
              f"{'highest' if first['direction'] == 'maximize' else 'lowest'} {first['metric']} a trial validated "
-             "(validation data only). The seeds of a point then ran with its chosen values.", ""]
+             "(validation data only). The seeds of a tuned point then ran with its chosen values.", ""]
     header = ["point", "trial", *(k.rsplit(".", 1)[-1] for k in keys), first["metric"], "state", "fit seconds"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, point in record.items():
