@@ -5,9 +5,17 @@ non-overlapping chunks of `seq_len` pieces (the tail is dropped). With `prompt_l
 becomes prompt (source) + continuation (target), so the conditional families train on it too.
 The text is read as a stream and its tokens live on disk (token_files.py), so a corpus larger
 than memory trains with flat memory.
+
+`train_tokens` trains on a subset of unique data (a data-constrained comparison): the training
+chunks come in one fixed order spread over the whole split (`subset_order`), and a subset is its
+first ceil(train_tokens / seq_len) chunks, so smaller subsets are nested in larger ones and every
+size draws on the whole split (a corpus in time order would otherwise give small sizes only its
+oldest text). The tokenizer and the token files stay those of the full split, whatever the size.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError
@@ -30,8 +38,11 @@ class TextDataModule(TokenizedDataModule):
         prompt_len: int = 0,
         vocab_size: int = 1000,
         tokenizer_type: str = "unigram",
+        train_tokens: int | None = None,
         **kwargs,  # batch_size, eval_batch_size, num_workers, cache_dir, max_eval_examples
     ):
+        """`train_tokens`: train on a nested subset of the training chunks holding that many tokens
+        (rounded up to whole chunks; see the module docstring); validation and test stay whole."""
         super().__init__(
             vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs,
         )
@@ -47,6 +58,11 @@ class TextDataModule(TokenizedDataModule):
                 f"data.init_args.prompt_len = {prompt_len!r} with data.init_args.seq_len = {seq_len}: "
                 "prompt_len must be >= 0 and < seq_len, so every chunk keeps a continuation to predict"
             )
+        if train_tokens is not None and (isinstance(train_tokens, bool) or not isinstance(train_tokens, int)
+                                         or train_tokens < 1):
+            raise ConfigError(f"data.init_args.train_tokens = {train_tokens!r}: must be a positive integer (the "
+                              "unique training tokens to keep), or null to train on the whole training split")
+        self.train_tokens = train_tokens
         self.files = {"train": list(train_files), "val": list(val_files)}
         if test_files is not None:
             self.files["test"] = list(test_files)
@@ -74,7 +90,22 @@ class TextDataModule(TokenizedDataModule):
                     f"data.init_args.{split}_files hold {chunks[split].n_tokens} tokens, fewer than one chunk of "
                     f"data.init_args.seq_len = {self.seq_len}: add text or lower seq_len"
                 )
+        if self.train_tokens is not None:
+            chunks["train"] = self._train_subset(chunks["train"])
         self._finish(tokenizer, chunks)
+
+    def _train_subset(self, chunks: TokenChunks) -> TokenChunks:
+        """The first ceil(train_tokens / seq_len) chunks in `subset_order`: at least train_tokens
+        tokens, less than one chunk more."""
+        held = len(chunks) * self.seq_len
+        if self.train_tokens > held:
+            raise ConfigError(
+                f"data.init_args.train_tokens = {self.train_tokens:,} is more than the training split holds: "
+                f"{held:,} tokens in {len(chunks):,} chunks of seq_len {self.seq_len} ({self.split_origin('train')}); "
+                f"lower it to at most {held}, or set it to null to train on the whole split"
+            )
+        order = subset_order(len(chunks))[: math.ceil(self.train_tokens / self.seq_len)]
+        return TokenChunks(chunks.path, chunks.tokenizer, chunks.seq_len, chunks.prompt_len, sorted(order))
 
     @staticmethod
     def _lines(files: list[tuple[str, str]]):
@@ -105,7 +136,7 @@ class TextFolderDataModule(TextDataModule):
     test_split_hint = "add test.txt (or test.txt.gz) to data.init_args.data_dir"
 
     def __init__(self, data_dir: str, seq_len: int = 128, prompt_len: int = 0, vocab_size: int = 1000,
-                 tokenizer_type: str = "unigram", **kwargs):
+                 tokenizer_type: str = "unigram", train_tokens: int | None = None, **kwargs):
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
             what = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -118,8 +149,15 @@ class TextFolderDataModule(TextDataModule):
                             f"corpus folder holds {', '.join(SPLIT_FILES.values())} (test optional)")
         super().__init__(train_files=[str(found["train"])], val_files=[str(found["val"])],
                          test_files=[str(found["test"])] if found["test"] else None, seq_len=seq_len,
-                         prompt_len=prompt_len, vocab_size=vocab_size, tokenizer_type=tokenizer_type, **kwargs)
+                         prompt_len=prompt_len, vocab_size=vocab_size, tokenizer_type=tokenizer_type,
+                         train_tokens=train_tokens, **kwargs)
         self.data_dir = folder
+
+
+def subset_order(n_chunks: int) -> list[int]:
+    """Chunk indices 0 .. n_chunks - 1 in a fixed pseudo-random order (by a hash of each index: the
+    same on every machine, for every seed and family), so any prefix is spread over the split."""
+    return sorted(range(n_chunks), key=lambda i: hashlib.blake2b(i.to_bytes(8, "little"), digest_size=8).digest())
 
 
 def _split_file(folder: Path, name: str) -> Path | None:

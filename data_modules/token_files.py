@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -71,7 +71,8 @@ def _batches(lines: Iterable[str]) -> Iterator[list[str]]:
 
 class TokenChunks:
     """A split as non-overlapping chunks of `seq_len` tokens of a token file (the tail dropped);
-    chunk i is the Example (first `prompt_len` tokens, the rest) with its decoded texts.
+    chunk i is the Example (first `prompt_len` tokens, the rest) with its decoded texts; `rows`
+    keeps some chunks only (a slice, or TextDataModule's train_tokens subset).
 
     A map-style dataset, so the samplers (shuffle by seed and epoch, exact resume, one share per
     DDP rank) work on it unchanged; slicing gives a view (max_eval_examples). Pickles without its
@@ -79,7 +80,7 @@ class TokenChunks:
     """
 
     def __init__(self, path: Path, tokenizer: Tokenizer, seq_len: int, prompt_len: int = 0,
-                 rows: range | None = None):
+                 rows: Sequence[int] | None = None):
         self._fd: tuple[int, int] | None = None  # (pid, descriptor): reopened in a forked worker
         self.path, self.tokenizer, self.seq_len, self.prompt_len = Path(path), tokenizer, seq_len, prompt_len
         self.dtype = token_dtype(tokenizer.vocab_size)
