@@ -123,3 +123,34 @@ def test_each_point_gets_n_trials_runs_its_best_and_a_rerun_resumes_without_repe
         best = next(t for t in record[point]["trials"] if t["params"] == record[point]["chosen"])
         assert f"| {point} | {best['number']} | {best['params'][LR]:.3g} | **{best['value']:.4f}** | complete |" in tuning
     assert "4 trials" in tuning
+
+
+def test_a_grid_runs_every_cell_once_and_chooses_the_best_by_asking_and_telling(tmp_path):
+    """The grid sampler with the Tuner's ask-and-tell loop: each of the 4 cells is tried once (Optuna's
+    own grid sampler stops the study at the last cell, which raises outside Study.optimize), and the
+    cell whose fit validated best is chosen."""
+    from attnlab.experiment.spec import load_sweep
+    from attnlab.experiment.tune import Tuner
+
+    sweep_file = tmp_path / "grid.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "base": str(DEBUG_YAML), "points": {"a": {}},
+        "tune": {"sampler": "grid", "space": {LR: [1e-3, 3e-3], "model.init_args.backbone.dropout": [0.0, 0.3]}}}))
+    spec = load_sweep(sweep_file)
+    tuner = Tuner(spec, tmp_path / "sweep", str(tmp_path), [], fit=None)
+    tried = []
+
+    def fake_fit(args):  # writes the trial's metrics.csv: val/nll lowest for lr 3e-3, dropout 0.3
+        values = dict(arg.split("=", 1) for arg in args if arg.startswith("--model.init_args."))
+        lr, dropout = float(values[f"--{LR}"]), float(values["--model.init_args.backbone.dropout"])
+        tried.append((lr, dropout))
+        folder = tuner.trial_dir(spec.grid_points()[0], int(args[args.index("--run.version") + 1].removeprefix("trial")))
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(f"step,val/nll\n0,{5 - 100 * lr - dropout}\n")
+        return 0
+
+    tuner.fit = fake_fit
+    assert tuner.best_params(spec.grid_points()[0]) == {LR: 3e-3, "model.init_args.backbone.dropout": 0.3}
+    assert sorted(tried) == [(1e-3, 0.0), (1e-3, 0.3), (3e-3, 0.0), (3e-3, 0.3)]
+    assert tuner.best_params(spec.grid_points()[0]) == {LR: 3e-3, "model.init_args.backbone.dropout": 0.3}
+    assert len(tried) == 4  # a rerun resumes the finished study: no trial again

@@ -81,8 +81,22 @@ class TuneSpec:
         import optuna
 
         if self.sampler == "grid":
-            return optuna.samplers.GridSampler({k: list(p.choices) for k, p in self.space.items()}, seed=self.seed)
+            return ask_tell_grid_sampler()({k: list(p.choices) for k, p in self.space.items()}, seed=self.seed)
         return optuna.samplers.TPESampler(seed=self.seed)
+
+
+def ask_tell_grid_sampler():
+    import optuna
+
+    class AskTellGridSampler(optuna.samplers.GridSampler):
+        """Optuna's grid sampler without its stop at the last grid cell: it calls Study.stop(), which
+        only works inside Study.optimize, and the Tuner asks and tells (so a trial cut short can be
+        resumed) and stops by counting trials itself."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            pass
+
+    return AskTellGridSampler
 
 
 def _number(value) -> bool:
