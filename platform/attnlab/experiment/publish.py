@@ -31,6 +31,8 @@ def render_page(report: dict, stem: str) -> str:
     if md["significance"]:
         lines += [*md["significance"], ""]
     lines += ["95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", md["intervals"], ""]
+    if md.get("learning"):  # report.json before the learning curves has none
+        lines += [*md["learning"], ""]
     if md["frontier"]:
         lines += [*md["frontier"], ""]
     if md.get("tuning"):  # report.json before the tune stage has none

@@ -309,25 +309,41 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
 
 def budget_line(points: list[Point]) -> str:
     """What every run of the table was given: its run.budget where it had one (what was matched,
-    and the steps each run derived from it), else optimizer steps and epochs (summary.json); and
-    the seeds."""
-    def spent(record: RunRecord) -> str:
-        steps, epochs = record.summary.get("steps"), record.summary.get("epochs")
-        if steps is None:
-            return "unknown (no summary.json)"
+    and the optimizer steps each row derived from it, as a range over its seeds), else optimizer
+    steps and epochs (summary.json); and the seeds."""
+    def given(record: RunRecord) -> str:
         budget = record.budget() or {}
         kind = next((k for k in ("flops", "tokens", "epochs", "time") if k in budget), None)
-        if kind is not None:
-            amount = budget[kind] if isinstance(budget[kind], str) else f"{budget[kind]:.3g}"
-            return f"under a budget of {kind} {amount} ({steps:,} optimizer steps)"
-        return f"{steps:,} optimizer steps" + (f" ({epochs} epoch{'s' if epochs != 1 else ''})" if epochs else "")
+        if kind is None:
+            return ""
+        amount = budget[kind] if isinstance(budget[kind], str) else f"{budget[kind]:.3g}"
+        return f"under a budget of {kind} {amount}"
 
-    budgets = {p.name: sorted({spent(r) for r in p.records}) for p in points}
+    def steps(records: list[RunRecord]) -> str:
+        counts = sorted({r.summary["steps"] for r in records})
+        epochs = {r.summary.get("epochs") for r in records}
+        span = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}–{counts[-1]:,}"
+        if len(epochs) == 1 and None not in epochs and not any(given(r) for r in records):
+            (e,) = epochs
+            return f"{span} optimizer steps ({e} epoch{'s' if e != 1 else ''})"
+        return f"{span} optimizer steps"
+
+    def spent(records: list[RunRecord]) -> str:
+        if any(r.summary.get("steps") is None for r in records):
+            return "unknown (no summary.json)"
+        label = " / ".join(sorted({given(r) for r in records} - {""}))
+        return f"{label} ({steps(records)})" if label else steps(records)
+
+    budgets = {p.name: spent(p.records) for p in points}
+    shared = {given(r) for p in points for r in p.records}
     seeds = {p.name: ", ".join(str(s) for s in p.seeds if s is not None) or "none" for p in points}
-    if len({tuple(b) for b in budgets.values()}) == 1 and len(next(iter(budgets.values()))) == 1:
-        spend = f"every run trained {next(iter(budgets.values()))[0]}"
+    if len(set(budgets.values())) == 1:
+        spend = f"every run trained {next(iter(budgets.values()))}"
+    elif len(shared) == 1 and "" not in shared and all(r.summary.get("steps") is not None for p in points for r in p.records):
+        spend = (f"every run trained {next(iter(shared))}, which gave each row its optimizer steps: "
+                 + ", ".join(f"{p.name} {steps(p.records)}".replace(" optimizer steps", "") for p in points))
     else:
-        spend = "; ".join(f"{name}: {' / '.join(b)}" for name, b in budgets.items())
+        spend = "; ".join(f"{name}: {b}" for name, b in budgets.items())
     seed = (f"seeds {next(iter(seeds.values()))} for every row" if len(set(seeds.values())) == 1
             else "seeds " + "; ".join(f"{name}: {s}" for name, s in seeds.items()))
     return f"Budget: {spend}; {seed}."
@@ -339,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", help="where to write report.md, report.json and the plots (default: <folder>/report)")
     parser.add_argument("--metric", default="chrf", help="quality metric of the quality-against-parameters plot "
                                                         "(nll, bpb, bleu, chrf, exact_match; test if measured, else val)")
+    parser.add_argument("--facet", metavar="KEY",
+                        help="draw the learning curves (val/nll against epochs and FLOPs) in one panel per value of "
+                             "this swept key (default: data.init_args.train_tokens where the points differ in it)")
     parser.add_argument("--publish", metavar="PAGE.md",
                         help="also write a results page for the docs (e.g. docs/results/<name>.md) from report.json, "
                              "with the plots beside it; a page already there keeps its history and gains one line")
@@ -348,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_main(argv: list[str]) -> int:
+    from attnlab.experiment.curves import build_curves, crossover_text, facet_key, write_curves
     from attnlab.experiment.frontier import frontier_tests, write_frontier
     from attnlab.experiment.plots import write_plots
     from attnlab.experiment.tune import tuning_section
@@ -370,13 +390,18 @@ def report_main(argv: list[str]) -> int:
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
     plots = write_plots(points, output, args.metric)
+    facet = facet_key(points, args.facet)
+    curves = build_curves(points, facet)  # fits with the budget ledger only
+    plots += write_curves(curves, output, facet)
+    learning = crossover_text(curves, facet)
     frontier, frontier_plots = write_frontier(speed, output, args.metric, comparisons)
     plots += frontier_plots
     budget = budget_line(points)
     tuning = tuning_section(folder)
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
             "the seeds of a row (n). " + budget, "", table, "", *words, "",
-            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *frontier, *([*tuning, ""] if tuning else [])]
+            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *learning,
+            *frontier, *([*tuning, ""] if tuning else [])]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
     rows = report_rows(points, columns)
@@ -384,7 +409,7 @@ def report_main(argv: list[str]) -> int:
         "format": 3, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
         "budget": budget, "rows": rows, "quality": quality_cells(points, columns),
         "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier,
-                     "tuning": tuning},
+                     "tuning": tuning, "learning": learning},
         "plots": [p.name for p in plots],
     }
     (output / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")

@@ -1,0 +1,228 @@
+"""Learning curves of a report: validation loss against training epochs and FLOPs, and where a
+non-autoregressive point's curve first drops below an autoregressive one's.
+
+The data-constrained comparison (experiments/lm/data_constrained.yaml) trains every family at one
+FLOPs budget on nested subsets of unique text: an AR model overfits as the epochs pile up, masked
+diffusion (Prabhudesai et al. 2025; Ni et al. 2025) keeps improving, unless the AR model is
+regularised (Gao et al. 2025). `val/nll` is what both log: the NLL per token for DecoderOnly, the
+NELBO bound per token for BlockDiffusion (an upper bound on its NLL).
+
+Each validation row of a fit's metrics.csv is placed at the training epochs and FLOPs the budget
+ledger had spent at its step (`budget/epochs`, `budget/flops`, logged on the training rows, which
+share `step` with the validation rows; between logged steps, interpolated). A point's curve is the
+mean over its seeds at each evaluation, with a band from the lowest to the highest seed. When the
+points differ in a facet key (`--facet`, by default data.init_args.train_tokens where the sweep
+sets it), each value gets its own panel and its own crossover lines.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.experiment.stats import summarize
+
+LOSS = "val/nll"
+FACET = "data.init_args.train_tokens"  # faceted by default when the points differ in it
+AR_FAMILIES = {"DecoderOnly", "EncoderDecoder", "decoder_only", "encoder_decoder"}  # class or summary name
+
+
+@dataclass
+class Curve:
+    """A point's validation curve: per evaluation step, the mean over seeds of epochs, FLOPs and
+    the loss, and the lowest and highest seed's loss; `per_seed`: seed -> [(epochs, loss)]."""
+
+    name: str
+    family: str
+    ar: bool
+    facet: object
+    epochs: list[float] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+    mean: list[float] = field(default_factory=list)
+    low: list[float] = field(default_factory=list)
+    high: list[float] = field(default_factory=list)
+    per_seed: dict = field(default_factory=dict)
+    finals: dict = field(default_factory=dict)  # seed -> the last validation's loss
+    bests: dict = field(default_factory=dict)  # seed -> the lowest validation loss
+
+
+def is_ar(record) -> bool:
+    """Autoregressive: each token predicted from the ones before it (val/nll is an NLL, not a bound)."""
+    return record.family in AR_FAMILIES or record.summary.get("family") in AR_FAMILIES
+
+
+def _interpolate(step: float, known: list[tuple[float, float]]) -> float:
+    """Linear interpolation in (step, value) pairs sorted by step; clamped at both ends."""
+    if step <= known[0][0]:
+        return known[0][1]
+    for (s0, v0), (s1, v1) in zip(known, known[1:]):
+        if step <= s1:
+            return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return known[-1][1]
+
+
+def ledger_at(record, key: str) -> list[tuple[float, float]] | None:
+    """(step, value) of a ledger total (budget/epochs or budget/flops): its logged values, nothing
+    spent before the first step (-1, 0), and the summary's total at the last step; None without it."""
+    logged = dict(record.series(f"budget/{key}"))
+    if not logged:
+        return None
+    steps, total = record.summary.get("steps"), record.ledger(key)
+    if steps and total is not None:
+        logged.setdefault(int(steps) - 1, float(total))
+    logged.setdefault(-1, 0.0)
+    return sorted(logged.items())
+
+
+def evaluations(record) -> list[tuple[int, float, float, float]]:
+    """(step, epochs, FLOPs, loss) of each validation of a fit with the ledger; [] without it."""
+    epochs, flops = ledger_at(record, "epochs"), ledger_at(record, "flops")
+    if epochs is None or flops is None:
+        return []
+    by_step = dict(record.series(LOSS))  # a resumed run may log a step twice: the last one counts
+    return [(step, _interpolate(step, epochs), _interpolate(step, flops), value)
+            for step, value in sorted(by_step.items())]
+
+
+def facet_key(points, requested: str | None = None) -> str | None:
+    """The swept key to facet by: `requested`, else FACET where the points take more than one
+    value of it; None: one panel."""
+    key = requested or FACET
+    values = {repr(r.swept.get(key)) for p in points for r in p.records if key in r.swept}
+    if requested and not values:
+        from attnlab.errors import AttnlabError
+
+        swept = sorted({k for p in points for r in p.records for k in r.swept})
+        raise AttnlabError(f"--facet {requested}: no run sweeps that key; swept keys: {', '.join(swept) or 'none'}")
+    return key if len(values) > 1 or (requested and values) else None
+
+
+def build_curves(points, facet: str | None) -> list[Curve]:
+    """One Curve per point whose fits logged the ledger and validated; in report order."""
+    curves = []
+    for point in points:
+        first = point.first
+        curve = Curve(point.name, first.family, is_ar(first), first.swept.get(facet) if facet else None)
+        by_step: dict[int, list[tuple[float, float, float]]] = {}
+        for record in point.records:
+            seen = evaluations(record)
+            if not seen:
+                continue
+            seed = record.seed
+            curve.per_seed[seed] = [(e, v) for _, e, _, v in seen]
+            curve.finals[seed] = seen[-1][3]
+            curve.bests[seed] = min(v for *_, v in seen)
+            for step, epochs, flops, value in seen:
+                by_step.setdefault(step, []).append((epochs, flops, value))
+        if not by_step:
+            continue
+        for step in sorted(by_step):
+            rows = by_step[step]
+            curve.epochs.append(statistics.fmean(e for e, _, _ in rows))
+            curve.flops.append(statistics.fmean(f for _, f, _ in rows))
+            values = [v for *_, v in rows]
+            curve.mean.append(statistics.fmean(values))
+            curve.low.append(min(values))
+            curve.high.append(max(values))
+        curves.append(curve)
+    return curves
+
+
+def crossover(x: list[float], y: list[float], ref_x: list[float], ref_y: list[float]) -> float | None:
+    """The first evaluated x at which y falls below the reference curve (linearly interpolated
+    between its evaluations; x outside the reference's evaluated range is skipped, never
+    extrapolated), or None."""
+    known = sorted(zip(ref_x, ref_y))
+    if not known:
+        return None
+    for xi, yi in sorted(zip(x, y)):
+        if known[0][0] <= xi <= known[-1][0] and yi < _interpolate(xi, known):
+            return xi
+    return None
+
+
+def _interval(values: list[float]) -> str:
+    s = summarize(values)
+    if s is None:
+        return "—"
+    if s.low is None:
+        return f"{s.mean:.4f} (one seed)"
+    return f"{s.mean:.4f} [{s.low:.4f}, {s.high:.4f}]"
+
+
+def _facets(curves: list[Curve]) -> list:
+    return list(dict.fromkeys(c.facet for c in curves))
+
+
+def crossover_text(curves: list[Curve], facet: str | None) -> list[str]:
+    """The report's words: per facet, each point's final and best val/nll with 95 % t intervals over
+    seeds, and for each non-AR point against each AR point the first evaluated epoch at which its
+    mean val/nll is below the AR's mean (per seed too), and the paired final difference."""
+    if not any(c.ar for c in curves) or all(c.ar for c in curves):
+        return []
+    lines = ["## Learning curves", "",
+             f"{LOSS} at each validation against the training epochs (budget/epochs) and FLOPs spent by then "
+             "(learning_curves.png: mean over seeds, band from the lowest to the highest seed). "
+             f"{LOSS} is the NLL per token for the autoregressive families (DecoderOnly, EncoderDecoder) and the "
+             "NELBO bound per token (an upper bound on the NLL) for BlockDiffusion. Crossover: the first evaluated epoch at which a non-AR point's mean "
+             f"{LOSS} is below the AR point's mean, interpolated at that epoch (\"never\": not within the budget); "
+             "in brackets, each seed against the same seed. Intervals: 95 % Student t over seeds.", ""]
+    for value in _facets(curves):
+        group = [c for c in curves if c.facet == value]
+        if facet is not None:
+            lines += [f"### {facet.rsplit('.', 1)[-1]} = {value:,}" if isinstance(value, int)
+                      else f"### {facet.rsplit('.', 1)[-1]} = {value}", ""]
+        lines += [f"| point | family | n | epochs | final {LOSS} | best {LOSS} |", "|---|---|---|---|---|---|"]
+        for c in group:
+            lines.append(f"| {c.name} | {c.family} | {len(c.finals)} | {c.epochs[-1]:.1f} | "
+                         f"{_interval(list(c.finals.values()))} | {_interval(list(c.bests.values()))} |")
+        lines.append("")
+        for c in (c for c in group if not c.ar):
+            for ref in (r for r in group if r.ar):
+                at = crossover(c.epochs, c.mean, ref.epochs, ref.mean)
+                seeds = [s for s in c.per_seed if s in ref.per_seed]
+                each = []
+                for s in seeds:
+                    (x, y), (rx, ry) = zip(*c.per_seed[s]), zip(*ref.per_seed[s])
+                    e = crossover(list(x), list(y), list(rx), list(ry))
+                    each.append(f"seed {s}: " + ("never" if e is None else f"{e:.1f}"))
+                where = (f"below from epoch {at:.1f}" if at is not None else "never below within the budget")
+                diff = [c.finals[s] - ref.finals[s] for s in seeds]
+                words = f"- {c.name} against {ref.name}: {where}" + (f" ({'; '.join(each)})" if each else "")
+                if diff:
+                    words += f"; final difference {_interval(diff).replace(' (one seed)', '')} (paired over seeds)"
+                lines.append(words + ".")
+        lines.append("")
+    return lines
+
+
+def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[Path]:
+    """learning_curves.png: val/nll against epochs (top row) and FLOPs (bottom), a panel per facet."""
+    from attnlab.experiment.plots import pyplot, save_figure
+
+    if not curves:
+        return []
+    plt = pyplot()
+    facets = _facets(curves)
+    fig, axes = plt.subplots(2, len(facets), figsize=(4.5 * len(facets) + 1, 7), squeeze=False)
+    colors: dict[int, str] = {}
+    for column, value in enumerate(facets):
+        group = [c for c in curves if c.facet == value]
+        for place, c in enumerate(group):  # the same place in each facet, the same colour
+            for row, x in enumerate((c.epochs, c.flops)):
+                ax = axes[row][column]
+                line, = ax.plot(x, c.mean, marker=".", label=c.name, linestyle="-" if c.ar else "--",
+                                color=colors.get(place))
+                colors.setdefault(place, line.get_color())
+                if len(c.finals) > 1:
+                    ax.fill_between(x, c.low, c.high, alpha=0.2, color=line.get_color())
+        title = f"{facet.rsplit('.', 1)[-1]} = {value:,}" if facet and isinstance(value, int) else \
+            (f"{facet.rsplit('.', 1)[-1]} = {value}" if facet else "")
+        axes[0][column].set_title(title, fontsize=9)
+        axes[0][column].set_xlabel("training epochs")
+        axes[1][column].set_xlabel("training FLOPs")
+        axes[0][column].legend(fontsize=7)
+    for row in axes:
+        row[0].set_ylabel(f"{LOSS} (mean; band: min–max over seeds)")
+    fig.suptitle(f"{LOSS} (AR: NLL, solid; diffusion: NELBO bound, dashed) against epochs and FLOPs", fontsize=10)
+    return [save_figure(fig, output / "learning_curves.png", plt)]

@@ -1,0 +1,106 @@
+"""The report's learning curves: val/nll against the epochs and FLOPs the budget ledger spent, one
+panel per data size, and the crossover words, on run folders written by hand as a sweep leaves them."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import png_size
+
+TRAIN_TOKENS = "data.init_args.train_tokens"
+# point -> (class, train_tokens, epochs per step, steps, validated steps, val/nll of seed 0, of seed 1)
+POINTS = {
+    "ar-1k": ("DecoderOnly", 1000, 0.5, 40, [9, 19, 29, 39], [3.0, 2.5, 2.8, 3.2], [3.2, 2.7, 3.0, 3.4]),
+    "mdlm-1k": ("BlockDiffusion", 1000, 0.3, 60, [14, 29, 44, 59], [2.0, 2.8, 2.7, 2.5], [2.0, 3.0, 2.8, 2.7]),
+    "ar-2k": ("DecoderOnly", 2000, 0.25, 40, [9, 19, 29, 39], [3.0, 2.6, 2.5, 2.45], [3.1, 2.7, 2.6, 2.55]),
+    "mdlm-2k": ("BlockDiffusion", 2000, 0.15, 60, [14, 29, 44, 59], [3.5, 3.0, 2.9, 2.8], [3.6, 3.1, 3.0, 2.9]),
+}
+FLOPS_PER_EPOCH = 1.0e9
+
+
+def _write_sweep(root: Path) -> Path:
+    """Fits with the ledger: budget/* on training rows logged every 10 steps (4, 14, ...), so no
+    validation step has one and its epochs are interpolated; summary.json with the totals."""
+    sweep = root / "runs" / "lm"
+    for index, (point, (cls, tokens, per_step, steps, validated, *losses)) in enumerate(POINTS.items()):
+        for seed, values in enumerate(losses):
+            fit = sweep / point / f"seed{seed}" / "fit"
+            fit.mkdir(parents=True)
+            header = ["epoch", "step", "train/loss", "budget/epochs", "budget/flops", "budget/tokens", "val/nll"]
+            rows = [[0, s, 4.0, per_step * (s + 1), FLOPS_PER_EPOCH * per_step * (s + 1), 64 * (s + 1), ""]
+                    for s in range(4, steps, 10)]
+            rows += [[0, s, "", "", "", "", v] for s, v in zip(validated, values)]
+            with (fit / "metrics.csv").open("w", newline="") as f:
+                csv.writer(f).writerows([header, *sorted(rows, key=lambda r: r[1])])
+            (fit / "config.yaml").write_text(f"model:\n  class_path: attnlab.{cls}\n")
+            epochs = per_step * steps
+            (fit / "summary.json").write_text(json.dumps({
+                "family": "decoder_only" if cls == "DecoderOnly" else "block_diffusion", "params": 1000, "steps": steps,
+                "fit_seconds": 1.0, "ledger": {"flops": FLOPS_PER_EPOCH * epochs, "tokens": 64 * steps,
+                                               "unique_tokens": tokens, "epochs": epochs, "train_seconds": 1.0}}))
+            (fit.parent / "done.json").write_text(json.dumps({"point": point, "index": index, "seed": seed,
+                                                              "swept": {TRAIN_TOKENS: tokens}, "reference": "ar-1k"}))
+    return sweep
+
+
+def test_crossover_is_the_first_evaluated_epoch_below_the_interpolated_reference():
+    from attnlab.experiment.curves import crossover
+
+    ar_epochs, ar_mean = [5, 10, 15, 20], [3.1, 2.6, 2.9, 3.3]
+    # 4.5 is before AR's first evaluation (skipped, not extrapolated); at 9 AR is 3.1 - 0.5 * 4 / 5 = 2.7
+    # (above 2.9? no: 2.9 is above, not below); at 13.5 AR is 2.6 + 0.3 * 3.5 / 5 = 2.81 > 2.75.
+    assert crossover([4.5, 9, 13.5, 18], [2.0, 2.9, 2.75, 2.6], ar_epochs, ar_mean) == pytest.approx(13.5)
+    assert crossover([4.5, 9, 13.5, 18], [3.5, 3.0, 2.9, 3.4], ar_epochs, ar_mean) is None
+    assert crossover([21, 25], [1.0, 1.0], ar_epochs, ar_mean) is None  # past AR's last evaluation
+
+
+def test_the_report_draws_curves_per_data_size_and_says_where_diffusion_crosses(tmp_path):
+    from attnlab.experiment.report import report_main
+
+    sweep = _write_sweep(tmp_path)
+    assert report_main([str(sweep), "--wandb", "disabled"]) == 0
+    report = json.loads((sweep / "report" / "report.json").read_text())
+    assert "learning_curves.png" in report["plots"]
+    width, height = png_size(sweep / "report" / "learning_curves.png")
+    assert width > 2 * 400 and height > 400  # two data sizes: two panels side by side, epochs over FLOPs
+    text = "\n".join(report["markdown"]["learning"])
+    assert "### train_tokens = 1,000" in text and "### train_tokens = 2,000" in text
+    small, large = text.split("### train_tokens = 2,000")
+    # Size 1k: mean MDLM (2.0, 2.9, 2.75, 2.6 at epochs 4.5, 9, 13.5, 18) first below mean AR's
+    # (3.1, 2.6, 2.9, 3.3 at 5, 10, 15, 20) at 13.5; each seed against its own AR seed too.
+    assert "- mdlm-1k against ar-1k: below from epoch 13.5 (seed 0: 13.5; seed 1: 13.5)" in small
+    # Final values with 95 % t intervals over the two seeds: AR 3.2 and 3.4 -> 3.3 ± 12.706 * 0.1.
+    assert "| ar-1k | DecoderOnly | 2 | 20.0 | 3.3000 [2.0294, 4.5706] | 2.6000 [1.3294, 3.8706] |" in small
+    assert "final difference -0.7000 [-0.7000, -0.7000] (paired over seeds)" in small
+    assert "- mdlm-2k against ar-2k: never below within the budget (seed 0: never; seed 1: never)" in large
+    assert "## Learning curves" in (sweep / "report" / "report.md").read_text()
+
+
+def test_epochs_and_flops_of_a_validation_come_from_the_ledger_at_its_step(tmp_path):
+    from attnlab.experiment.curves import build_curves, facet_key
+    from attnlab.experiment.report import group_points
+    from attnlab.experiment.runs import collect_runs
+
+    points = group_points(collect_runs(_write_sweep(tmp_path)))
+    facet = facet_key(points)
+    assert facet == TRAIN_TOKENS
+    curves = {c.name: c for c in build_curves(points, facet)}
+    mdlm = curves["mdlm-1k"]
+    # Validated at steps 14, 29, 44, 59 (after 15, 30, 45, 60 steps of 0.3 epochs); the ledger was
+    # logged at steps 4, 14, 24, ..., 54 and its total is at the last step, 59.
+    assert mdlm.epochs == pytest.approx([4.5, 9.0, 13.5, 18.0])
+    assert mdlm.flops == pytest.approx([e * FLOPS_PER_EPOCH for e in (4.5, 9.0, 13.5, 18.0)])
+    assert mdlm.mean == pytest.approx([2.0, 2.9, 2.75, 2.6]) and mdlm.low == [2.0, 2.8, 2.7, 2.5]
+    assert mdlm.facet == 1000 and not mdlm.ar and curves["ar-1k"].ar
+
+
+def test_a_facet_key_no_run_sweeps_is_one_error_naming_the_swept_keys(tmp_path):
+    from attnlab.errors import AttnlabError
+    from attnlab.experiment.report import report_main
+
+    sweep = _write_sweep(tmp_path)
+    with pytest.raises(AttnlabError, match=f"--facet model.init_args.block_size: no run sweeps that key; swept keys: {TRAIN_TOKENS}"):
+        report_main([str(sweep), "--wandb", "disabled", "--facet", "model.init_args.block_size"])
