@@ -46,15 +46,18 @@ def _write_sweep(root: Path) -> Path:
     return sweep
 
 
-def test_crossover_is_the_first_evaluated_epoch_below_the_interpolated_reference():
+def test_crossover_is_where_the_curve_goes_below_the_interpolated_reference_for_good():
     from attnlab.experiment.curves import crossover
 
-    ar_epochs, ar_mean = [5, 10, 15, 20], [3.1, 2.6, 2.9, 3.3]
+    ar_x, ar_y = [5, 10, 15, 20], [3.1, 2.6, 2.9, 3.3]
     # 4.5 is before AR's first evaluation (skipped, not extrapolated); at 9 AR is 3.1 - 0.5 * 4 / 5 = 2.7
-    # (above 2.9? no: 2.9 is above, not below); at 13.5 AR is 2.6 + 0.3 * 3.5 / 5 = 2.81 > 2.75.
-    assert crossover([4.5, 9, 13.5, 18], [2.0, 2.9, 2.75, 2.6], ar_epochs, ar_mean) == pytest.approx(13.5)
-    assert crossover([4.5, 9, 13.5, 18], [3.5, 3.0, 2.9, 3.4], ar_epochs, ar_mean) is None
-    assert crossover([21, 25], [1.0, 1.0], ar_epochs, ar_mean) is None  # past AR's last evaluation
+    # (2.9 is above); at 13.5 AR is 2.6 + 0.3 * 3.5 / 5 = 2.81 > 2.75, at 18 it is 3.14 > 2.6.
+    assert crossover([4.5, 9, 13.5, 18], [2.0, 2.9, 2.75, 2.6], ar_x, ar_y) == pytest.approx(13.5)
+    # below at 5 (a bound that starts low), above at 10, below again from 13.5 on: 13.5
+    assert crossover([5, 10, 13.5, 18], [3.0, 2.7, 2.75, 2.6], ar_x, ar_y) == pytest.approx(13.5)
+    assert crossover([5, 10, 15, 20], [2.0, 2.5, 2.9, 3.4], ar_x, ar_y) is None  # below early, not at the end
+    assert crossover([4.5, 9, 13.5, 18], [3.5, 3.0, 2.9, 3.4], ar_x, ar_y) is None
+    assert crossover([21, 25], [1.0, 1.0], ar_x, ar_y) is None  # past AR's last evaluation
 
 
 def test_the_report_draws_curves_per_data_size_and_says_where_diffusion_crosses(tmp_path):
@@ -69,13 +72,16 @@ def test_the_report_draws_curves_per_data_size_and_says_where_diffusion_crosses(
     text = "\n".join(report["markdown"]["learning"])
     assert "### train_tokens = 1,000" in text and "### train_tokens = 2,000" in text
     small, large = text.split("### train_tokens = 2,000")
-    # Size 1k: mean MDLM (2.0, 2.9, 2.75, 2.6 at epochs 4.5, 9, 13.5, 18) first below mean AR's
-    # (3.1, 2.6, 2.9, 3.3 at 5, 10, 15, 20) at 13.5; each seed against its own AR seed too.
-    assert "- mdlm-1k against ar-1k: below from epoch 13.5 (seed 0: 13.5; seed 1: 13.5)" in small
+    # Size 1k: mean MDLM (2.0, 2.9, 2.75, 2.6 at 4.5, 9, 13.5, 18 epochs of 1e9 FLOPs) below mean AR's
+    # (3.1, 2.6, 2.9, 3.3 at 5, 10, 15, 20) from 1.35e10 FLOPs on; each seed against its own AR seed
+    # too. Differences: finals 2.5 - 3.2 and 2.7 - 3.4; bests 2.0 - 2.5 and 2.0 - 2.7, so -0.6 with
+    # a t interval of 12.706 * 0.1.
+    assert ("- mdlm-1k against ar-1k: below from 1.35e+10 FLOPs on (epoch 13.5) (seed 0: 1.35e+10; "
+            "seed 1: 1.35e+10); final difference -0.7000 [-0.7000, -0.7000]; best difference -0.6000 "
+            "[-1.8706, 0.6706].") in small
     # Final values with 95 % t intervals over the two seeds: AR 3.2 and 3.4 -> 3.3 ± 12.706 * 0.1.
     assert "| ar-1k | DecoderOnly | 2 | 20.0 | 3.3000 [2.0294, 4.5706] | 2.6000 [1.3294, 3.8706] |" in small
-    assert "final difference -0.7000 [-0.7000, -0.7000] (paired over seeds)" in small
-    assert "- mdlm-2k against ar-2k: never below within the budget (seed 0: never; seed 1: never)" in large
+    assert "- mdlm-2k against ar-2k: never below for good within the budget (seed 0: never; seed 1: never)" in large
     assert "## Learning curves" in (sweep / "report" / "report.md").read_text()
 
 

@@ -30,7 +30,7 @@ AR_FAMILIES = {"DecoderOnly", "EncoderDecoder", "decoder_only", "encoder_decoder
 @dataclass
 class Curve:
     """A point's validation curve: per evaluation step, the mean over seeds of epochs, FLOPs and
-    the loss, and the lowest and highest seed's loss; `per_seed`: seed -> [(epochs, loss)]."""
+    the loss, and the lowest and highest seed's loss; `per_seed`: seed -> [(FLOPs, epochs, loss)]."""
 
     name: str
     family: str
@@ -109,7 +109,7 @@ def build_curves(points, facet: str | None) -> list[Curve]:
             if not seen:
                 continue
             seed = record.seed
-            curve.per_seed[seed] = [(e, v) for _, e, _, v in seen]
+            curve.per_seed[seed] = [(f, e, v) for _, e, f, v in seen]
             curve.finals[seed] = seen[-1][3]
             curve.bests[seed] = min(v for *_, v in seen)
             for step, epochs, flops, value in seen:
@@ -129,16 +129,22 @@ def build_curves(points, facet: str | None) -> list[Curve]:
 
 
 def crossover(x: list[float], y: list[float], ref_x: list[float], ref_y: list[float]) -> float | None:
-    """The first evaluated x at which y falls below the reference curve (linearly interpolated
-    between its evaluations; x outside the reference's evaluated range is skipped, never
-    extrapolated), or None."""
+    """The first evaluated x from which y stays below the reference curve (linearly interpolated
+    between its evaluations) at every later evaluation, or None when it is not below at its last
+    evaluation. Evaluations outside the reference's evaluated range are skipped, never
+    extrapolated; an early dip that does not last (a bound that starts low at initialisation) is
+    not a crossover."""
     known = sorted(zip(ref_x, ref_y))
     if not known:
         return None
-    for xi, yi in sorted(zip(x, y)):
-        if known[0][0] <= xi <= known[-1][0] and yi < _interpolate(xi, known):
-            return xi
-    return None
+    common = [(xi, yi) for xi, yi in sorted(zip(x, y)) if known[0][0] <= xi <= known[-1][0]]
+    at = None
+    for xi, yi in common:
+        if yi < _interpolate(xi, known):
+            at = xi if at is None else at
+        else:
+            at = None
+    return at
 
 
 def _interval(values: list[float]) -> str:
@@ -154,24 +160,32 @@ def _facets(curves: list[Curve]) -> list:
     return list(dict.fromkeys(c.facet for c in curves))
 
 
+def _epoch_at(curve: Curve, flops: float) -> float:
+    return _interpolate(flops, sorted(zip(curve.flops, curve.epochs)))
+
+
 def crossover_text(curves: list[Curve], facet: str | None) -> list[str]:
     """The report's words: per facet, each point's final and best val/nll with 95 % t intervals over
-    seeds, and for each non-AR point against each AR point the first evaluated epoch at which its
-    mean val/nll is below the AR's mean (per seed too), and the paired final difference."""
+    seeds, and for each non-AR point against each AR point where its mean val/nll goes below the
+    AR's for good (on the FLOPs axis, so at equal compute; per seed too), and the paired
+    differences of the final and the best val/nll."""
     if not any(c.ar for c in curves) or all(c.ar for c in curves):
         return []
     lines = ["## Learning curves", "",
              f"{LOSS} at each validation against the training epochs (budget/epochs) and FLOPs spent by then "
              "(learning_curves.png: mean over seeds, band from the lowest to the highest seed). "
              f"{LOSS} is the NLL per token for the autoregressive families (DecoderOnly, EncoderDecoder) and the "
-             "NELBO bound per token (an upper bound on the NLL) for BlockDiffusion. Crossover: the first evaluated epoch at which a non-AR point's mean "
-             f"{LOSS} is below the AR point's mean, interpolated at that epoch (\"never\": not within the budget); "
-             "in brackets, each seed against the same seed. Intervals: 95 % Student t over seeds.", ""]
+             "NELBO bound per token (an upper bound on the NLL) for BlockDiffusion. Crossover: the training FLOPs "
+             f"from which a non-AR point's mean {LOSS} stays below the AR point's mean (interpolated between the AR "
+             "point's validations) up to the end of training, with the non-AR point's epochs there; never: not "
+             "below at the last validation both reached. In brackets, each seed against the same seed. Differences "
+             "(non-AR minus AR, paired over seeds; negative: the bound is lower) of the last and of the best "
+             "validation. Intervals: 95 % Student t over seeds.", ""]
     for value in _facets(curves):
         group = [c for c in curves if c.facet == value]
         if facet is not None:
-            lines += [f"### {facet.rsplit('.', 1)[-1]} = {value:,}" if isinstance(value, int)
-                      else f"### {facet.rsplit('.', 1)[-1]} = {value}", ""]
+            shown = f"{value:,}" if isinstance(value, int) else value
+            lines += [f"### {facet.rsplit('.', 1)[-1]} = {shown}", ""]
         lines += [f"| point | family | n | epochs | final {LOSS} | best {LOSS} |", "|---|---|---|---|---|---|"]
         for c in group:
             lines.append(f"| {c.name} | {c.family} | {len(c.finals)} | {c.epochs[-1]:.1f} | "
@@ -179,21 +193,35 @@ def crossover_text(curves: list[Curve], facet: str | None) -> list[str]:
         lines.append("")
         for c in (c for c in group if not c.ar):
             for ref in (r for r in group if r.ar):
-                at = crossover(c.epochs, c.mean, ref.epochs, ref.mean)
-                seeds = [s for s in c.per_seed if s in ref.per_seed]
-                each = []
-                for s in seeds:
-                    (x, y), (rx, ry) = zip(*c.per_seed[s]), zip(*ref.per_seed[s])
-                    e = crossover(list(x), list(y), list(rx), list(ry))
-                    each.append(f"seed {s}: " + ("never" if e is None else f"{e:.1f}"))
-                where = (f"below from epoch {at:.1f}" if at is not None else "never below within the budget")
-                diff = [c.finals[s] - ref.finals[s] for s in seeds]
-                words = f"- {c.name} against {ref.name}: {where}" + (f" ({'; '.join(each)})" if each else "")
-                if diff:
-                    words += f"; final difference {_interval(diff).replace(' (one seed)', '')} (paired over seeds)"
-                lines.append(words + ".")
+                lines.append(_comparison(c, ref))
         lines.append("")
     return lines
+
+
+def _comparison(c: Curve, ref: Curve) -> str:
+    at = crossover(c.flops, c.mean, ref.flops, ref.mean)
+    where = (f"below from {at:.3g} FLOPs on (epoch {_epoch_at(c, at):.1f})" if at is not None
+             else "never below for good within the budget")
+    seeds = [s for s in c.per_seed if s in ref.per_seed]
+    each = []
+    for s in seeds:
+        (x, _, y), (rx, _, ry) = zip(*c.per_seed[s]), zip(*ref.per_seed[s])
+        f = crossover(list(x), list(y), list(rx), list(ry))
+        each.append(f"seed {s}: " + ("never" if f is None else f"{f:.3g}"))
+    words = f"- {c.name} against {ref.name}: {where}" + (f" ({'; '.join(each)})" if each else "")
+    for label, mine, theirs in (("final", c.finals, ref.finals), ("best", c.bests, ref.bests)):
+        diff = [mine[s] - theirs[s] for s in seeds]
+        if diff:
+            words += f"; {label} difference {_interval(diff).replace(' (one seed)', '')}"
+    return words + "."
+
+
+def _label(name: str, facet: str | None) -> str:
+    """The point's name without its facet part (the panel's title says it)."""
+    if facet is None:
+        return name
+    short = facet.rsplit(".", 1)[-1]
+    return ",".join(part for part in name.split(",") if not part.startswith(f"{short}=")) or name
 
 
 def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[Path]:
@@ -211,7 +239,7 @@ def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[P
         for place, c in enumerate(group):  # the same place in each facet, the same colour
             for row, x in enumerate((c.epochs, c.flops)):
                 ax = axes[row][column]
-                line, = ax.plot(x, c.mean, marker=".", label=c.name, linestyle="-" if c.ar else "--",
+                line, = ax.plot(x, c.mean, marker=".", label=_label(c.name, facet), linestyle="-" if c.ar else "--",
                                 color=colors.get(place))
                 colors.setdefault(place, line.get_color())
                 if len(c.finals) > 1:
