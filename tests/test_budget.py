@@ -148,6 +148,18 @@ def test_an_epochs_budget_trains_that_many_passes_over_the_training_tokens(cli, 
     assert record.budget()["max_steps"] == 3
 
 
+def test_an_epochs_budget_on_a_subset_of_unique_tokens_trains_e_times_u(cli, tmp_path, text_folder_dir):
+    """data.init_args.train_tokens 100 on chunks of 16: a subset of U = 112 unique tokens (7 chunks,
+    one batch of 8 chunks holds them all); 5 epochs are 5 steps and 5 × U tokens, within one batch."""
+    result = cli(*_text_fit(tmp_path, text_folder_dir, "decoder_only", "--data.init_args.train_tokens", "100",
+                            "--run.budget", "{epochs: 5}"))
+    assert result.code == 0, result.err[-3000:]
+    summary = json.loads((tmp_path / "decoder_only" / "v1" / "summary.json").read_text())
+    ledger = summary["ledger"]
+    assert ledger["unique_tokens"] == 112 and summary["steps"] == summary["budget"]["max_steps"] == 5
+    assert ledger["tokens"] == 5 * 112 and ledger["epochs"] == 5  # whole chunks: exact, within the one batch allowed
+
+
 def test_an_epochs_budget_counts_optimizer_steps_of_accumulated_batches(cli, tmp_path):
     """Two batches of 32 accumulated into one optimizer step: an epoch is one step, and the ledger
     counts both batches of it."""
