@@ -52,7 +52,8 @@ def test_publishing_the_fixture_sweep_regenerates_the_committed_page(tmp_path, m
     assert page.read_text(encoding="utf-8") == (FIXTURE / "demo.md").read_text(encoding="utf-8")
     text = page.read_text(encoding="utf-8")
     for fact in (META["command"], META["date"], META["machine"], META["commit"], META["question"],
-                 "every run trained 625 optimizer steps (1 epoch); seeds 0, 1 for every row"):
+                 "every run trained 625 optimizer steps (1 epoch); seeds 0, 1 for every row",
+                 "Wall time: 2:24 of training in all"):  # 4 fits of 36 s
         assert fact in text
     plots = json.loads(page.with_suffix(".json").read_text())["plots"]
     assert plots and all((page.parent / "demo" / name).read_bytes()[:4] == b"\x89PNG" for name in plots)

@@ -346,7 +346,16 @@ def budget_line(points: list[Point]) -> str:
         spend = "; ".join(f"{name}: {b}" for name, b in budgets.items())
     seed = (f"seeds {next(iter(seeds.values()))} for every row" if len(set(seeds.values())) == 1
             else "seeds " + "; ".join(f"{name}: {s}" for name, s in seeds.items()))
-    return f"Budget: {spend}; {seed}."
+    walls = [r.summary.get("fit_seconds") for p in points for r in p.records]
+    wall = (f" Wall time: {_clock(sum(walls))} of training in all (every run's fit wall summed; tests and "
+            "tuning not included)." if walls and None not in walls else "")
+    return f"Budget: {spend}; {seed}.{wall}"
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS, or M:SS under an hour."""
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 def build_parser() -> argparse.ArgumentParser:
