@@ -140,6 +140,16 @@ def _denoise(block_size, rows, logits_of, steps, mask_id, sampling, unmasking, t
         x = torch.tensor(block, dtype=torch.long, device=device)
         return _proposals(logits_of(x), sampling, unmasking, generator)
 
+    if unmasking == "first_hitting":  # one uniformly chosen masked position a call, its token drawn alone
+        for _ in range(block_size):
+            logits = logits_of(torch.tensor(block, dtype=torch.long, device=device))
+            draws = torch.rand(rows, block_size, generator=generator, device=device).tolist()
+            chosen = [max((i for i, t in enumerate(row) if t == mask_id), key=lambda i: draws[r][i])
+                      for r, row in enumerate(block)]
+            tokens = _choose(logits[torch.arange(rows), torch.tensor(chosen)], sampling, generator).tolist()
+            for row, i, token in zip(block, chosen, tokens):
+                row[i] = token
+        return block
     if unmasking == "threshold":
         while any(mask_id in row for row in block):
             tokens, scores = call()

@@ -129,10 +129,16 @@ def test_encoder_decoder_compiled_equals_eager(positional, prefixes):
     assert_same(beam, logits_of_growing=False)
 
 
-@pytest.mark.parametrize("positional,prompts", EVERY_POSITIONAL_PADDED_AND_UNPADDED)
-def test_block_diffusion_compiled_equals_eager(positional, prompts):
+SHIFTED = {"shift": True, "context": "causal"}
+
+
+@pytest.mark.parametrize("positional,prompts,view", [
+    *(pytest.param(*p.values, {}, id=p.id) for p in EVERY_POSITIONAL_PADDED_AND_UNPADDED),
+    pytest.param("rope", PADDED, SHIFTED, id="rope-padded-shift+causal"),
+    pytest.param("alibi", UNPADDED, SHIFTED, id="alibi-unpadded-shift+causal")])
+def test_block_diffusion_compiled_equals_eager(positional, prompts, view):
     torch.manual_seed(0)
-    model = BlockDiffusionModel(config(positional), VOCAB, PAD, MASK).eval()
+    model = BlockDiffusionModel(config(positional), VOCAB, PAD, MASK, **view).eval()
     common = dict(max_new_tokens=BUDGETS, block_size=4, steps=2, eos_id=EOS, pad_id=PAD, compact=False)
     results = run_three_ways(model.stack.embedding, lambda mode: sample_blocks(model, prompts, **common, **mode))
     assert_same(results, logits_of_growing=True)

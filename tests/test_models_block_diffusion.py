@@ -82,9 +82,11 @@ def test_padding_is_never_masked_nor_trained():
         torch.testing.assert_close(alone[0], together[row], atol=1e-5, rtol=1e-5)
 
 
-def naive_block_loss(module, f, noisy, masked, t_token, label_smoothing):
+def naive_block_loss(module, f, noisy, masked, t_token, label_smoothing, shift=False, causal=False):
     """For each row and block b, run the model on [clean blocks < b ; noisy block b] with a
-    mask written out by loops; sum the 1/t-weighted loss of the masked tokens."""
+    mask written out by loops; sum the 1/t-weighted loss of the masked tokens. `causal`: a
+    clean token sees clean tokens up to itself; `shift`: token k of the block is predicted by
+    the hidden state just before it (the last clean token for k = 0)."""
     bs, total = module.block_size, torch.zeros(len(noisy))
     for r in range(len(noisy)):
         start, region = int(f.target_start[r]), int(f.region[r])
@@ -99,9 +101,9 @@ def naive_block_loss(module, f, noisy, masked, t_token, label_smoothing):
                     if i >= n_ctx:
                         mask[i, j] = True  # the noisy block sees every clean token before it and itself
                     elif j < n_ctx:
-                        mask[i, j] = context_blocks[j] <= context_blocks[i]
+                        mask[i, j] = j <= i if causal else context_blocks[j] <= context_blocks[i]
             hidden, _ = module.model.stack(seq[None], torch.arange(n)[None], mask=mask[None, None])
-            logits = module.model.logits(hidden[0, n_ctx:]).log_softmax(-1)
+            logits = module.model.logits(hidden[0, n_ctx - 1 : n - 1] if shift else hidden[0, n_ctx:]).log_softmax(-1)
             for k in range(bs):
                 pos = b * bs + k
                 if not masked[r, pos]:
@@ -114,18 +116,46 @@ def naive_block_loss(module, f, noisy, masked, t_token, label_smoothing):
     return total
 
 
+VIEWS = {"bd3lm": {}, "shift": {"shift": True}, "causal": {"context": "causal"},
+         "shift+causal": {"shift": True, "context": "causal"}}
+
+
+@pytest.mark.parametrize("view", VIEWS)
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope", "alibi"])
 @pytest.mark.parametrize("batch,block_size", [(CONDITIONAL, 2), (CONDITIONAL, 3), (PLAIN_LM, 4), (CONDITIONAL, 16)])
-def test_vectorized_loss_equals_a_naive_loop_over_blocks(positional, batch, block_size):
-    module = tiny_module(block_size, positional, label_smoothing=0.1)
+def test_vectorized_loss_equals_a_naive_loop_over_blocks(positional, batch, block_size, view):
+    module = tiny_module(block_size, positional, label_smoothing=0.1, **VIEWS[view])
     f = frame(batch, block_size)
     tokens, blocks, _ = f.target_view()
     t = sample_block_times(2, tokens.shape[1] // block_size, 0.2, 0.9, generator=torch.Generator().manual_seed(1))
     loss, _ = module.nelbo_terms(f, 0, 1, generator=torch.Generator().manual_seed(7), t=t)
     noisy, masked, t_token = mask_blocks(tokens, blocks, t, MASK, torch.Generator().manual_seed(7))
     assert masked.any()
-    expected = naive_block_loss(module, f, noisy, masked, t_token, label_smoothing=0.1)
+    expected = naive_block_loss(module, f, noisy, masked, t_token, label_smoothing=0.1,
+                                shift="shift" in view, causal="causal" in view)
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [CONDITIONAL, PLAIN_LM], ids=["conditional", "plain_lm"])
+def test_shifted_block_size_one_with_everything_masked_is_decoder_only_nll(batch):
+    """The same network as a DecoderOnly: its logits over `[bos] source [sep] target [eos]`
+    (mask token ruled out, as block diffusion never predicts it) give the NLL of the target and
+    eos; shifted block diffusion with blocks of 1, every token masked (t = 1) and a causal
+    context must give exactly that, row by row."""
+    from attnlab import DecoderOnly
+    from attnlab.models.framing import IGNORE, frame_prefix_target
+
+    module = tiny_module(block_size=1, shift=True, context="causal")
+    f = frame(batch, block_size=1)
+    _, nll = module.nelbo_terms(f, 0, 1, t=torch.ones(2, f.region.max().item()))
+    ar = DecoderOnly(backbone=module.hparams["backbone"], vocab_size=40).eval()
+    ar.model.load_state_dict(module.model.state_dict())
+    tokens, labels = frame_prefix_target(batch, BOS, SEP, EOS, PAD)
+    logits = ar.model(tokens).float()
+    logits[..., MASK] = float("-inf")
+    token_nll = -logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
+    expected = (token_nll * (labels != IGNORE)).sum(1)
+    torch.testing.assert_close(nll, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_block_size_one_with_everything_masked_is_the_autoregressive_nll():
@@ -158,10 +188,14 @@ def test_flex_block_mask_computes_the_dense_mask_function():
 PROMPTS = [[BOS, 7, 8, 9, SEP], [BOS, 11, SEP], [BOS, 12, 13, SEP]]
 
 
-@pytest.mark.parametrize("unmasking", ["confidence", "random"])
-@pytest.mark.parametrize("temperature,steps", [(0.0, 4), (1.0, 2), (0.8, 1)])
-def test_cached_sampling_gives_the_tokens_of_uncached_sampling(unmasking, temperature, steps):
-    module = tiny_module(block_size=4, positional="alibi")
+DECODINGS = [(u, temperature, steps) for u in ("confidence", "random") for temperature, steps in
+             ((0.0, 4), (1.0, 2), (0.8, 1))] + [("first_hitting", 0.0, 4), ("first_hitting", 1.0, 4)]
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("unmasking,temperature,steps", DECODINGS)
+def test_cached_sampling_gives_the_tokens_of_uncached_sampling(unmasking, temperature, steps, view):
+    module = tiny_module(block_size=4, positional="alibi", **VIEWS[view])
     sampling = SamplingConfig(temperature=temperature, top_p=0.9)
 
     def run(sampler):
@@ -314,3 +348,132 @@ def test_an_examples_evaluation_bound_does_not_depend_on_its_batch():
         for i, value in nll_by_index(order).items():
             assert value == pytest.approx(alone[i], rel=1e-5), (order, i)
     assert len({round(v, 6) for v in alone.values()}) == 3
+
+
+def test_resample_redraws_exactly_the_blocks_outside_the_range():
+    """Blocks of 4, range [0.5, 0.8]: row 0 block 1 has 1/4 masked (below), row 1 block 1 has 4/4
+    (above): those two are drawn again until inside; row 0 block 2 (3/4) is kept bit for bit and
+    row 1 block 2 is padding, never masked."""
+    from attnlab.models.masked_diffusion import resample_masks
+
+    masked = torch.tensor([[1, 0, 0, 0, 1, 1, 0, 1], [1, 1, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    blocks = torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, -1, -1, -1, -1]])
+    t_token = torch.full((2, 8), 0.65)
+    for seed in range(20):
+        out = resample_masks(masked, blocks, t_token, 4, 0.5, 0.8, torch.Generator().manual_seed(seed))
+        assert torch.equal(out[0, 4:], masked[0, 4:]) and not out[1, 4:].any()
+        for row in range(2):
+            assert out[row, :4].sum().item() in (2, 3), out  # fractions 0.5 and 0.75 are the only ones inside
+    # An edge at the evaluation floor or at 1 is not enforced (bd3lms): nothing is redrawn.
+    assert torch.equal(resample_masks(masked, blocks, t_token, 4, 1e-3, 1.0), masked)
+    # Only the lower edge: the full block is inside [0.5, 1], the quarter one is not.
+    out = resample_masks(masked, blocks, t_token, 4, 0.5, 1.0, torch.Generator().manual_seed(0))
+    assert torch.equal(out[1], masked[1]) and out[0, :4].sum() >= 2
+
+
+def test_a_range_no_block_can_reach_is_refused_with_resample():
+    with pytest.raises(ConfigError, match="noise_range.*no block of 4 tokens"):
+        tiny_module(block_size=4, noise_range=[0.3, 0.45], resample=True)
+    tiny_module(block_size=4, noise_range=[0.3, 0.45])  # without resample the range is only where t is drawn
+
+
+def test_first_hitting_reveals_one_uniformly_chosen_position_per_call():
+    """Each call turns exactly one masked position into a token drawn from that position's own
+    distribution (position j puts all its mass on token 10 + j), the position chosen uniformly
+    among those still masked: over 4,000 rows each of the 4 positions comes first ~1,000 times."""
+    from attnlab.generation.block_diffusion import denoise_block
+
+    rows, size, seen = 4000, 4, []
+
+    def logits_of(block):
+        seen.append(block.clone())
+        logits = torch.full((rows, size, 40), -1e4)
+        logits[:, torch.arange(size), 10 + torch.arange(size)] = 0.0
+        return logits
+
+    empty = torch.full((rows, size), MASK)
+    out = denoise_block(empty, logits_of, size, MASK, SamplingConfig(temperature=1.0), "first_hitting",
+                        torch.Generator().manual_seed(0))
+    assert len(seen) == size and torch.equal(out, (10 + torch.arange(size)).expand(rows, -1))
+    after = seen[1:] + [out]
+    firsts = []
+    for before, now in zip(seen, after):
+        changed = before != now
+        assert (changed.sum(1) == 1).all() and (before[changed] == MASK).all()
+        firsts.append(changed.float().argmax(1))
+    counts = torch.bincount(firsts[0], minlength=size)
+    assert ((counts - rows / size).abs() < 150).all(), counts  # ~5 standard deviations
+    second = torch.bincount(firsts[1][firsts[0] == 0], minlength=size)[1:]  # uniform over the 3 left
+    assert second.min() > 0.75 * second.float().mean()
+
+
+def zero_output(module):
+    """Every logit 0 (the output layer, tied to the embedding, zeroed): uniform predictions."""
+    with torch.no_grad():
+        module.model.stack.embedding.weight.zero_()
+    return module
+
+
+def test_eos_fillers_are_trained_but_neither_scored_nor_counted_in_the_bound():
+    """By hand: one pair, source [7], target [20, 21]: the target block (size 4) holds 20 21 eos
+    and one eos filler. With the output layer zeroed every prediction is uniform over the 39
+    tokens that are not the mask, so at t = 1 (all 4 masked, weight 1) each masked token costs
+    log 39 nats. The bound scores the 3 real tokens (3 log 39) over 3 counted tokens: log 39 per
+    token, what an AR model with the same uniform prediction scores. The training loss also
+    trains the filler: 4 log 39."""
+    import math
+
+    module = zero_output(tiny_module(block_size=4, positional="sinusoidal"))
+    batch = {"source": torch.tensor([[7]]), "source_lengths": torch.tensor([1]),
+             "target": torch.tensor([[20, 21]]), "target_lengths": torch.tensor([2])}
+    f = frame(batch, 4)
+    assert f.n_targets.tolist() == [3] and f.region.tolist() == [4]
+    loss, nll = module.nelbo_terms(f, 0, 1, t=torch.ones(1, 1))
+    assert nll.item() == pytest.approx(3 * math.log(39), rel=1e-6)
+    assert loss.item() == pytest.approx(4 * math.log(39), rel=1e-6)
+    terms = module.loss_terms(batch)
+    assert terms.targets.tolist() == [3]
+
+
+def test_complementary_masks_train_every_target_token_once():
+    """With complementary masks and uniform weighting the row's loss is the mean of two copies
+    whose masks partition the target region: the sum over both is the cross-entropy of every
+    target token once, whatever was drawn; so two different draws give the same loss when the
+    model cannot see the masks (zeroed output: every token costs log 39)."""
+    import math
+
+    module = zero_output(tiny_module(block_size=2, complementary_masks=True, loss_weighting="uniform").train())
+    f = frame(CONDITIONAL, 2)
+    region = f.region.tolist()
+    for seed in range(3):
+        loss, _ = module.nelbo_terms(f, 0.2, 0.9, generator=torch.Generator().manual_seed(seed))
+        assert loss.tolist() == pytest.approx([r * math.log(39) / 2 for r in region], rel=1e-5)
+    with pytest.raises(ConfigError, match="complementary_masks needs loss_weighting: uniform"):
+        tiny_module(block_size=2, complementary_masks=True)
+
+
+def test_the_ar_loss_is_the_clean_halfs_next_token_loss():
+    """ar_loss_weight w adds w times DecoderOnly's loss of the same network on the same pairs
+    (context causal: the clean half is that decoder's pass), and nothing to the bound."""
+    from attnlab import DecoderOnly
+
+    plain = tiny_module(block_size=2, shift=True, context="causal").train()
+    with_ar = tiny_module(block_size=2, shift=True, context="causal", ar_loss_weight=0.5).train()
+    f = frame(CONDITIONAL, 2)
+    t = torch.full((2, f.region.max().item() // 2), 0.6)
+    (base, nll), (total, nll_ar) = (m.nelbo_terms(f, 0, 1, generator=torch.Generator().manual_seed(1), t=t)
+                                    for m in (plain, with_ar))
+    ar = DecoderOnly(backbone=plain.hparams["backbone"], vocab_size=40)
+    ar.model.load_state_dict(plain.model.state_dict())
+    from attnlab.models.framing import IGNORE, frame_prefix_target
+
+    tokens, labels = frame_prefix_target(CONDITIONAL, BOS, SEP, EOS, PAD)
+    with torch.no_grad():
+        logits = ar.model(tokens).float()
+    logits[..., MASK] = float("-inf")
+    expected = (-logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
+                * (labels != IGNORE)).sum(1)
+    torch.testing.assert_close(total - base, 0.5 * expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(nll_ar, nll)
+    with pytest.raises(ConfigError, match="ar_loss_weight > 0 needs context: causal"):
+        tiny_module(block_size=2, ar_loss_weight=0.5)

@@ -80,13 +80,19 @@ def test_nfe_is_one_call_per_token_for_ar_and_steps_per_block_for_block_diffusio
 def test_the_verb_writes_the_table_json_and_plot(lm_checkpoints, tmp_path):
     out = tmp_path / "quality"
     result = run_main(["sample-quality", lm_checkpoints["bd"], lm_checkpoints["ar"], "--scorer", lm_checkpoints["ar"],
-                       "--samples", "4", "--length", "8", "--steps", "1,2,4,64", "--thresholds", "0", "--output", out],
-                      cwd=tmp_path)
+                       "--samples", "4", "--length", "8", "--steps", "1,2,4,64", "--thresholds", "0", "--output", out,
+                       "--unmasking", "confidence"], cwd=tmp_path)
     assert result.code == 0, result.err[-3000:]
     rows = json.loads((out / "sample_quality.json").read_text())
     assert [(r["family"], r["steps_per_block"], r["threshold"], r["nfe"]) for r in rows] == [
         ("block_diffusion", 1, None, 2), ("block_diffusion", 2, None, 4), ("block_diffusion", 4, None, 8),
         ("block_diffusion", None, 0.0, 2), ("decoder_only", 1, None, 8)]
+    # By default block diffusion samples first-hitting (BD3-LM's sampler): one call a token, whatever --steps says
+    default = run_main(["sample-quality", lm_checkpoints["bd"], "--scorer", lm_checkpoints["ar"], "--samples", "2",
+                        "--length", "8", "--output", tmp_path / "default"], cwd=tmp_path)
+    assert default.code == 0, default.err[-3000:]
+    (row,) = json.loads((tmp_path / "default" / "sample_quality.json").read_text())
+    assert (row["unmasking"], row["steps_per_block"], row["nfe"]) == ("first_hitting", 4, 8)
     assert all(0 <= r["entropy"] <= math.log(8) + 1e-9 and r["gen_ppl"] > 1 for r in rows)
     assert (out / "sample_quality.png").stat().st_size > 0
     assert "| AR | 1 | one token a call | 8.0 |" in (out / "sample_quality.md").read_text()

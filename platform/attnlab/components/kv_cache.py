@@ -148,6 +148,7 @@ class DecodeState:
     capacity: int | None = None  # fixed layout: key_valid / key_positions are (B, capacity) ...
     filled: int = 0  # ... of which the first `filled` slots are written,
     slots: torch.Tensor | None = None  # ... the last `append` at these
+    last_clean_hidden: torch.Tensor | None = None  # (B, d): shifted block diffusion's predictor of a block's first token
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, device=None, context_mask=None) -> "DecodeState":
@@ -242,6 +243,8 @@ class DecodeState:
         self.next_position = self.next_position.index_select(0, index)
         if self.context_mask is not None:
             self.context_mask = self.context_mask.index_select(0, index)
+        if self.last_clean_hidden is not None:
+            self.last_clean_hidden = self.last_clean_hidden.index_select(0, index)
 
     def fork(self) -> "DecodeState":
         """A state that reads this one's caches but whose appends stay its own."""

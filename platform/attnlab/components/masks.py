@@ -49,16 +49,19 @@ def prefix_mask(prefix_lengths: torch.Tensor, key_valid: torch.Tensor) -> torch.
     return causal_padding_mask(key_valid, n) | (both_in_prefix & padding_mask(key_valid))
 
 
-def block_diffusion_visible(q_block, k_block, q_noisy, k_noisy):
+def block_diffusion_visible(q_block, k_block, q_noisy, k_noisy, clean_order=None):
     """The BD3-LM attention rule on block indices (-1 = padding), elementwise and broadcastable.
 
     A noisy token sees its own noisy block (M_BD) and clean tokens of strictly earlier blocks
     (M_OBC); a clean token sees clean tokens of its own and earlier blocks (M_BC); no clean
-    token ever sees a noisy one. Shared by the dense mask and the FlexAttention mask_mod.
+    token ever sees a noisy one. `clean_order` (key index <= query index), for a causal context:
+    clean tokens then see only clean tokens up to themselves, as an autoregressive model saw
+    them (Fast-dLLM v2's conversion). Shared by the dense mask and the FlexAttention mask_mod.
     """
     real = (q_block >= 0) & (k_block >= 0)
     same, earlier = q_block == k_block, k_block < q_block
-    visible = (q_noisy & k_noisy & same) | (q_noisy & ~k_noisy & earlier) | (~q_noisy & ~k_noisy & (earlier | same))
+    clean_clean = earlier | same if clean_order is None else (earlier | same) & clean_order
+    visible = (q_noisy & k_noisy & same) | (q_noisy & ~k_noisy & earlier) | (~q_noisy & ~k_noisy & clean_clean)
     return real & visible
 
 
@@ -70,15 +73,16 @@ def diffusion_layout(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
     return blocks, noisy
 
 
-def block_diffusion_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor) -> torch.Tensor:
+def block_diffusion_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """(B, 1, Ln+Lc, Ln+Lc) dense mask of the vectorized input `x_t ⊕ x_0`.
 
     `noisy_blocks` (B, Ln) and `clean_blocks` (B, Lc) give each token's block index (-1 for
-    batch padding, which sees only itself).
+    batch padding, which sees only itself); `causal`: a causal clean context.
     """
     blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
-    visible = block_diffusion_visible(blocks[:, :, None], blocks[:, None, :], noisy[:, :, None], noisy[:, None, :])
     n = blocks.shape[1]
+    order = causal_mask(n, n, blocks.device) if causal else None
+    visible = block_diffusion_visible(blocks[:, :, None], blocks[:, None, :], noisy[:, :, None], noisy[:, None, :], order)
     return (visible | torch.eye(n, dtype=torch.bool, device=blocks.device))[:, None]
 
 
@@ -98,7 +102,7 @@ def _create_block_mask_for(device: torch.device):
     return _compiled_create_block_mask
 
 
-def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor):
+def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Tensor, causal: bool = False):
     """The same mask as a FlexAttention BlockMask (sparse: fully hidden tiles are skipped).
 
     Built per batch, not cached per shape: the layout follows each batch's lengths and padding,
@@ -107,7 +111,7 @@ def block_diffusion_flex_mask(noisy_blocks: torch.Tensor, clean_blocks: torch.Te
     blocks, noisy = diffusion_layout(noisy_blocks, clean_blocks)
 
     def mask_mod(b, h, q, k):
-        visible = block_diffusion_visible(blocks[b, q], blocks[b, k], noisy[b, q], noisy[b, k])
+        visible = block_diffusion_visible(blocks[b, q], blocks[b, k], noisy[b, q], noisy[b, k], k <= q if causal else None)
         return visible | (q == k)
 
     n = blocks.shape[1]

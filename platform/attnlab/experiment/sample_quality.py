@@ -86,19 +86,26 @@ def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) ->
             for sample in samples]
 
 
-def decodings(module, steps: list[int], thresholds: list[float]) -> list[dict]:
-    """The decodings to try: {} for AR; for block diffusion each requested steps per block that a
-    block allows (confidence unmasking, or random if the model samples so) and each threshold."""
+UNMASKINGS = ("first_hitting", "confidence", "random")
+
+
+def decodings(module, steps: list[int], thresholds: list[float], unmasking: str = "first_hitting") -> list[dict]:
+    """The decodings to try: {} for AR; for block diffusion, first-hitting (BD3-LM's sampler, one
+    uniformly chosen position a call: the like-for-like row of its Table 7), or with confidence /
+    random unmasking each requested steps per block that a block allows; then each threshold."""
     if module.family != "block_diffusion":
         return [{}]
-    fixed = "random" if module.unmasking == "random" else "confidence"
-    usable = sorted({s for s in steps if 1 <= s <= module.block_size}) or [module.block_size]
-    return ([{"unmasking": fixed, "steps": s} for s in usable]
-            + [{"unmasking": "threshold", "steps": module.block_size, "threshold": t} for t in thresholds])
+    if unmasking == "first_hitting":
+        fixed = [{"unmasking": unmasking, "steps": module.block_size}]
+    else:
+        usable = sorted({s for s in steps if 1 <= s <= module.block_size}) or [module.block_size]
+        fixed = [{"unmasking": unmasking, "steps": s} for s in usable]
+    return fixed + [{"unmasking": "threshold", "steps": module.block_size, "threshold": t} for t in thresholds]
 
 
 def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int, steps: list[int],
-             thresholds: list[float], sampling, seed: int, batch_size: int, device: str, log=print) -> list[dict]:
+             thresholds: list[float], sampling, seed: int, batch_size: int, device: str, log=print,
+             unmasking: str = "first_hitting") -> list[dict]:
     from attnlab.checkpoints.reading import load_checkpoint
 
     scorer_module, _ = load_checkpoint(scorer_path)
@@ -116,7 +123,7 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
         modules.append((path, module.to(device).eval()))
     rows = []
     for path, module in modules:
-        for setting in decodings(module, steps, thresholds):
+        for setting in decodings(module, steps, thresholds, unmasking):
             samples, calls, seconds = draw(module, n, length, setting, sampling, seed, batch_size)
             scored = rescore_ids(samples, module.tokenizer, scorer_module.tokenizer)
             total, count = sample_nll(scorer, scored, scorer_module.special.bos, scorer_module.special.pad, batch_size)
@@ -217,8 +224,11 @@ def sample_quality_main(argv: list[str]) -> int:
     parser.add_argument("--scorer", required=True, help="the DecoderOnly plain-text checkpoint that scores every sample")
     parser.add_argument("--samples", type=int, default=64, help="continuations per point (default: 64)")
     parser.add_argument("--length", type=int, default=128, help="tokens per sample (default: 128)")
+    parser.add_argument("--unmasking", choices=UNMASKINGS, default="first_hitting",
+                        help="block diffusion's sampler: first_hitting (BD3-LM's, one uniformly chosen position a "
+                             "call, as its Table 7 samples), or confidence / random at each of --steps (default: first_hitting)")
     parser.add_argument("--steps", default=DEFAULT_STEPS,
-                        help=f"denoising steps per block to try for block diffusion, those a block allows (default: {DEFAULT_STEPS})")
+                        help=f"with --unmasking confidence or random: denoising steps per block to try, those a block allows (default: {DEFAULT_STEPS})")
     parser.add_argument("--thresholds", default="",
                         help="also decode block diffusion adaptively with these thresholds, e.g. 0.5,0.7,0.9 (default: none)")
     parser.add_argument("--temperature", type=float, default=1.0, help="default: 1.0 (0 = greedy)")
@@ -251,7 +261,7 @@ def sample_quality_main(argv: list[str]) -> int:
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     rows = evaluate(paths, Path(args.scorer), n=args.samples, length=args.length, steps=steps,
-                    thresholds=thresholds, sampling=sampling,
+                    thresholds=thresholds, sampling=sampling, unmasking=args.unmasking,
                     seed=args.seed, batch_size=args.batch_size, device=device,
                     log=lambda line: print(f"[sample-quality] {line}", flush=True))
     output = Path(args.output)

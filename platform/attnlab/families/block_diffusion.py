@@ -5,6 +5,13 @@ Training: one noise level t per block, every target token of the block masked wi
 probability t, the cross-entropy of masked tokens weighted by 1/t (the NELBO of the
 log-linear schedule). `val/nll` is that bound with t over [eval_noise_floor, 1], per target
 token. block_size 1 is autoregressive; a block as long as the target is a masked diffusion LM.
+
+The eos fillers that complete the last block are trained on (sampling makes whole blocks, so
+the model must learn that eos follows eos) but are neither scored nor counted in `nll`: the
+bound covers the tokens an autoregressive model scores (target and eos), so nll, ppl and bpb
+compare with AR's. For converting a DecoderOnly checkpoint, `shift`, `context: causal`,
+`ar_loss_weight`, `complementary_masks` and `loss_weighting: uniform` give Fast-dLLM v2's recipe
+(docs/guides/families.md).
 """
 from __future__ import annotations
 
@@ -20,17 +27,30 @@ from attnlab.models.losses import LossTerms, row_sums, token_losses
 from attnlab.models.masked_diffusion import (
     example_noise,
     mask_blocks,
+    reachable,
+    resample_masks,
     sample_block_times,
 )
+
+LOSS_WEIGHTINGS = ("elbo", "uniform")
 
 NOISE_SEARCH_METRICS = ("val/noise_low", "val/noise_high", "val/noise_loss_var")  # logged with noise_search
 
 
-def _check_range(name: str, value) -> tuple[float, float]:
+def _check_range(name: str, value, block_size: int, resample: bool) -> tuple[float, float]:
     low, high = (float(v) for v in value) if len(value) == 2 else (None, None)
     if low is None or not 0.0 < low < high <= 1.0:
         raise ConfigError(f"model.init_args.{name}={list(value)} must be [low, high] with 0 < low < high <= 1")
+    if resample and not reachable(low, high, block_size):
+        raise ConfigError(f"model.init_args.{name}={list(value)}: no block of {block_size} tokens has a masked "
+                          "fraction in that range, so resample would never finish; widen it or set resample: false")
     return low, high
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"model.init_args.{name}={value!r} must be true or false")
+    return value
 
 
 class BlockDiffusion(FamilyModule):
@@ -48,14 +68,30 @@ class BlockDiffusion(FamilyModule):
         eval_noise_floor: float = 1e-3,
         antithetic: bool = True,
         mask_backend: str = "auto",
+        resample: bool = False,
+        shift: bool = False,
+        context: str = "block_causal",
+        ar_loss_weight: float = 0.0,
+        complementary_masks: bool = False,
+        loss_weighting: str = "elbo",
         **kwargs,
     ):
         """noise_range: the training t range [β, ω] (BD3-LM clips it, e.g. [0.5, 1] for block 4).
-        noise_search: candidate ranges; each validation epoch of `fit` measures the variance of
-        the per-sequence loss under each and trains on the lowest.
+        noise_search: candidate ranges; each validation epoch of `fit` measures, under each, the
+        variance of the per-block mean loss (bd3lms's statistic) and trains on the lowest.
+        resample: BD3-LM's `training.resample`: a block whose masked fraction falls outside the
+        training range has its masks drawn again (same t) until it is inside.
         denoising_steps: model calls per block when sampling (default: block_size, one token each);
         with unmasking "threshold" a block takes as many calls as it needs instead: each reveals
-        every masked position whose proposal has probability >= `threshold` (at least one).
+        every masked position whose proposal has probability >= `threshold` (at least one);
+        "first_hitting" (BD3-LM's sampler) reveals one uniformly chosen masked position per call.
+        shift / context: see attnlab.models.block_diffusion (the AR view, for conversions).
+        ar_loss_weight: weight of an autoregressive loss on the clean half (needs context causal,
+        where clean tokens never see what they predict); 0 trains the NELBO alone.
+        complementary_masks: each example twice in the batch, the second with the complementary
+        mask, so every target token is trained once (Fast-dLLM v2); needs loss_weighting uniform.
+        loss_weighting: "elbo" weights a masked token's loss by 1/t (the NELBO); "uniform" is plain
+        cross-entropy on masked tokens (Fast-dLLM v2). val/nll is the NELBO either way.
         """
         super().__init__(*args, **kwargs)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -75,18 +111,37 @@ class BlockDiffusion(FamilyModule):
             raise ConfigError(f"model.init_args.eval_noise_floor={eval_noise_floor} must be in (0, 1)")
         if self.sampling.beam_size != 1:
             raise ConfigError("generation.beam_size must be 1 for BlockDiffusion (it samples whole blocks, not beams)")
-        self.noise_candidates = [_check_range("noise_search", c) for c in (noise_search or [])]
-        self.block_size, self.denoising_steps, self.unmasking = block_size, steps, unmasking
+        if unmasking == "first_hitting" and denoising_steps not in (None, block_size):
+            raise ConfigError(f"model.init_args.denoising_steps={denoising_steps} cannot go with unmasking first_hitting "
+                              f"(one token per call: block_size={block_size} calls a block); leave it null")
+        if loss_weighting not in LOSS_WEIGHTINGS:
+            raise ConfigError(f"model.init_args.loss_weighting={loss_weighting!r} is not one of {', '.join(LOSS_WEIGHTINGS)}")
+        if isinstance(ar_loss_weight, bool) or not isinstance(ar_loss_weight, (int, float)) or ar_loss_weight < 0:
+            raise ConfigError(f"model.init_args.ar_loss_weight={ar_loss_weight!r} must be a number >= 0 (0: no AR loss)")
+        if ar_loss_weight and context != "causal":
+            raise ConfigError("model.init_args.ar_loss_weight > 0 needs context: causal (under block_causal a clean "
+                              "token sees the rest of its block, the very token the AR loss asks it to predict)")
+        if _check_bool("complementary_masks", complementary_masks) and loss_weighting != "uniform":
+            raise ConfigError("model.init_args.complementary_masks needs loss_weighting: uniform (the complement is "
+                              "masked at 1 - t, whose 1/t weight has no bound as t nears 1)")
+        self.resample = _check_bool("resample", resample)
+        self.block_size = block_size
+        self.noise_candidates = [_check_range("noise_search", c, block_size, resample) for c in (noise_search or [])]
+        self.denoising_steps, self.unmasking = steps, unmasking
         self.threshold = float(threshold)
         self.eval_noise_floor, self.antithetic = eval_noise_floor, antithetic
+        self.ar_loss_weight, self.complementary_masks = float(ar_loss_weight), complementary_masks
+        self.loss_weighting = loss_weighting
         self.hparams.update(
             block_size=block_size, denoising_steps=denoising_steps, unmasking=unmasking, threshold=threshold,
             noise_range=list(noise_range), noise_search=noise_search, eval_noise_floor=eval_noise_floor,
-            antithetic=antithetic, mask_backend=mask_backend,
+            antithetic=antithetic, mask_backend=mask_backend, resample=resample, shift=shift, context=context,
+            ar_loss_weight=ar_loss_weight, complementary_masks=complementary_masks, loss_weighting=loss_weighting,
         )
         # A buffer, so the range chosen by noise_search is saved with the weights and resumed.
-        self.register_buffer("train_noise", torch.tensor(_check_range("noise_range", noise_range)))
-        self.model = BlockDiffusionModel(self.backbone, self.vocab_size, self.special.pad, self.special.mask, mask_backend)
+        self.register_buffer("train_noise", torch.tensor(_check_range("noise_range", noise_range, block_size, resample)))
+        self.model = BlockDiffusionModel(self.backbone, self.vocab_size, self.special.pad, self.special.mask,
+                                         mask_backend, shift=_check_bool("shift", shift), context=context)
         self._eval_noise: torch.Generator | None = None  # created, seeded 0, at first use in each evaluation
         self._variance_stats: dict[int, list[float]] = {}
 
@@ -106,23 +161,65 @@ class BlockDiffusion(FamilyModule):
             self._eval_noise = torch.Generator(device).manual_seed(0)
         return self._eval_noise
 
-    def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None, seeds=None):
+    def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None, seeds=None,
+                    per_token: bool = False):
         """Per-row weighted training loss and NLL sums (B,) under t ~ U[low, high] per block
-        (or the given (B, n_blocks) t); `seeds` (evaluation): each row's noise from its own seed."""
+        (or the given (B, n_blocks) t); `seeds` (evaluation): each row's noise from its own seed.
+        `per_token`: also the (B, Ln) weighted loss of every target position (0 where unmasked).
+
+        Training adds what the options ask: resampled masks, a complementary copy of each row,
+        the AR loss on the clean half. The NLL never scores eos fillers (see the module's doc)."""
         target, blocks, positions = frame.target_view()
-        draw = None
+        rows, draw = len(target), None
         if seeds is not None:
             t, draw = example_noise(seeds, blocks, low, high, self.antithetic)
         elif t is None:
-            n_blocks = target.shape[1] // self.block_size
-            t = sample_block_times(len(target), n_blocks, low, high, self.antithetic, generator, target.device)
-        noisy, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator, draw)
-        hidden = self.model.denoise(noisy, blocks, positions, frame.clean, frame.clean_blocks)
-        logits = self.model.logits(hidden[masked]).float()
+            t = sample_block_times(rows, target.shape[1] // self.block_size, low, high, self.antithetic, generator,
+                                   target.device)
+        _, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator, draw)
+        if self.training and self.resample:
+            masked = resample_masks(masked, blocks, t_token, self.block_size, low, high, generator)
+        clean, clean_blocks = frame.clean, frame.clean_blocks
+        if self.training and self.complementary_masks:  # the second copy's t is 1 - t: its marginal
+            masked = torch.cat((masked, ~masked & (blocks >= 0)))
+            t_token = torch.cat((t_token, 1 - t_token))
+            target, blocks, positions, clean, clean_blocks = (
+                torch.cat((x, x)) for x in (target, blocks, positions, clean, clean_blocks))
+        noisy = torch.where(masked, self.special.mask, target)
+        hidden, _ = self.model.joint_pass(noisy, blocks, positions, clean, clean_blocks)
+        predictors = self.model.predictors(hidden, blocks, positions, clean_blocks)
+        logits = self.model.logits(predictors[masked]).float()
         smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
         weight = 1.0 / t_token[masked]
-        self.last_flops = self.flop_counter.step(len(target), noisy.shape[1] + frame.clean.shape[1], len(logits))
-        return row_sums(masked.nonzero()[:, 0], len(target), smoothed * weight, nll * weight)
+        scored = torch.arange(target.shape[1], device=target.device) < frame.n_targets.repeat(len(target) // rows)[:, None]
+        train_weight = weight if self.loss_weighting == "elbo" else torch.ones_like(weight)
+        loss, nll = row_sums(masked.nonzero()[:, 0], len(target), smoothed * train_weight,
+                             nll * weight * scored[masked])
+        n_logits = len(logits)
+        if len(target) > rows:  # complementary copies: each an estimate, the row's their mean
+            loss, nll = (loss[:rows] + loss[rows:]) / 2, (nll[:rows] + nll[rows:]) / 2
+        if self.ar_loss_weight:
+            ar_loss, n_ar = self._ar_loss(frame, hidden[:rows, noisy.shape[1]:])
+            loss, n_logits = loss + self.ar_loss_weight * ar_loss, n_logits + n_ar
+        self.last_flops = self.flop_counter.step(len(target), noisy.shape[1] + clean.shape[1], n_logits)
+        if per_token:
+            dense = torch.zeros(masked.shape, device=target.device, dtype=loss.dtype)
+            dense[masked] = smoothed * train_weight
+            return loss, nll, dense[:rows]
+        return loss, nll
+
+    def _ar_loss(self, frame: BlockFrame, clean_hidden: torch.Tensor):
+        """Per-row next-token loss of the clean half (B,): the clean token at p - 1 predicts the
+        target (and eos) at p, as the AR model was trained. Returns it and the logits computed."""
+        i = torch.arange(int(frame.n_targets.max()), device=clean_hidden.device)[None, :]
+        labelled = i < frame.n_targets[:, None]
+        at = (frame.target_start[:, None] + i).clamp(max=frame.clean.shape[1] - 1)
+        labels = frame.clean.gather(1, at)[labelled]
+        before = clean_hidden.gather(1, (at - 1)[..., None].expand(-1, -1, clean_hidden.shape[-1]))[labelled]
+        smoothed, _ = token_losses(self.model.logits(before).float(), labels, self.optim.label_smoothing,
+                                   excluded=self.special.mask)
+        (loss,) = row_sums(labelled.nonzero()[:, 0], len(labelled), smoothed)
+        return loss, len(labels)
 
     def _eval_seeds(self, batch) -> list[int] | None:
         """Evaluation batches from a data module carry each example's index: its noise seed."""
@@ -141,8 +238,11 @@ class BlockDiffusion(FamilyModule):
         frame = self._frame(batch)
         target, blocks, _ = frame.target_view()
         low, high = self.train_noise.tolist()
-        masked = int((blocks >= 0).sum()) * (low + high) / 2
-        return self.flop_counter.step(len(target), target.shape[1] + frame.clean.shape[1], masked)
+        copies = 2 if self.complementary_masks else 1  # the copies together mask every token once
+        masked = int((blocks >= 0).sum()) * (1.0 if self.complementary_masks else (low + high) / 2)
+        if self.ar_loss_weight:
+            masked += int(frame.n_targets.sum())
+        return self.flop_counter.step(copies * len(target), target.shape[1] + frame.clean.shape[1], masked)
 
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:
@@ -166,21 +266,27 @@ class BlockDiffusion(FamilyModule):
             frame = self._frame(batch)
             counted = batch["counted"] if "counted" in batch else torch.ones(len(frame.n_targets), dtype=torch.bool)
             counted = counted.to(frame.n_targets.device)  # a distributed sampler's padding rows do not count
+            _, blocks, _ = frame.target_view()
+            rows = len(blocks)
+            real = (blocks >= 0).view(rows, -1, self.block_size)[..., 0] & counted[:, None]
             for i, (low, high) in enumerate(self.noise_candidates):
-                loss, _ = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device),
-                                           seeds=self._eval_seeds(batch))
-                per_token = (loss / frame.n_targets)[counted]
+                *_, per_token = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device),
+                                                 seeds=self._eval_seeds(batch), per_token=True)
+                # bd3lms's statistic: the loss of each block, averaged over its tokens
+                per_block = per_token.view(rows, -1, self.block_size).mean(-1)[real]
                 stats = self._variance_stats.setdefault(i, [0.0, 0.0, 0.0])
-                stats[0] += len(per_token)
-                stats[1] += float(per_token.sum())
-                stats[2] += float((per_token**2).sum())
+                stats[0] += len(per_block)
+                stats[1] += float(per_block.sum())
+                stats[2] += float((per_block**2).sum())
 
     def on_validation_epoch_end(self):
         super().on_validation_epoch_end()
         if not self.noise_candidates or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
-        # Sums over every rank's sequences: the choice is the one a single process would make on
-        # the whole validation set, the same on every rank (a rank with no batch still joins).
+        # Sums over every rank's blocks: the choice is the one a single process would make on the
+        # whole validation set, the same on every rank (a rank with no batch still joins). One
+        # variance over all blocks, where bd3lms sums per-batch variances: it does not then depend
+        # on the batch size.
         stats = torch.tensor([self._variance_stats.get(i, [0.0, 0.0, 0.0]) for i in range(len(self.noise_candidates))],
                              dtype=torch.float64, device=self.device)
         stats = self.trainer.strategy.reduce(stats, reduce_op="sum")

@@ -2,8 +2,9 @@
 
 Each step proposes a token for every masked position and keeps the k most confident (or k
 random) ones, or every one whose probability passes a threshold (adaptive: as many calls as the
-block needs); once the block is clean, its keys and values join the cache in the first call of
-the next block.
+block needs), or (first_hitting, BD3-LM's sampler) reveals one uniformly chosen masked position
+with a token drawn from its distribution; once the block is clean, its keys and values join the
+cache in the first call of the next block.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from attnlab.generation.loop import compaction_due, fixed_capacity, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
-UNMASKING = ("confidence", "random", "threshold")
+UNMASKING = ("confidence", "random", "threshold", "first_hitting")
 
 
 def unmask_schedule(block_size: int, steps: int) -> list[int]:
@@ -43,6 +44,8 @@ def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: Sampling
     probability >= `threshold` (at least the most confident one per row), until the block is clean."""
     if unmasking == "threshold":
         return _denoise_by_threshold(block, logits_of, mask_id, sampling, threshold, generator)
+    if unmasking == "first_hitting":
+        return _denoise_first_hitting(block, logits_of, mask_id, sampling, generator)
     for count in unmask_schedule(block.shape[1], steps):
         proposal, score = propose(logits_of(block), sampling, unmasking, generator)
         score = score.masked_fill(block != mask_id, float("-inf"))
@@ -67,6 +70,22 @@ def _denoise_by_threshold(block, logits_of, mask_id: int, sampling: SamplingConf
         best = score.argmax(dim=1, keepdim=True)
         reveal = reveal.scatter(1, best, masked.gather(1, best))  # progress on every row still masked
         block = torch.where(reveal, proposal, block)
+
+
+def _denoise_first_hitting(block, logits_of, mask_id: int, sampling: SamplingConfig,
+                           generator: torch.Generator | None) -> torch.Tensor:
+    """BD3-LM's first-hitting sampler: each call reveals exactly one masked position per row,
+    chosen uniformly at random, its token drawn (per `sampling`) from that position's
+    distribution alone. Unlike confidence ordering it does not favour low-entropy tokens."""
+    rows = torch.arange(block.shape[0], device=block.device)
+    for _ in range(block.shape[1]):
+        logits = logits_of(block)
+        pick = torch.rand(block.shape, generator=generator, device=block.device)
+        position = pick.masked_fill(block != mask_id, -1.0).argmax(dim=1)
+        token = choose_next(logits[rows, position], sampling, generator)
+        block = block.clone()
+        block[rows, position] = token
+    return block
 
 
 @torch.no_grad()
