@@ -6,6 +6,8 @@ Lightning relaunches `python -m attnlab ...` for rank 1, so these run in real su
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -136,7 +138,8 @@ def test_only_rank_zero_writes(single_and_ddp):
 
 def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
     """The search's statistics are summed over ranks (a collective every rank must join) before
-    a candidate is chosen: the run completes, and the chosen range is logged and trained on."""
+    a candidate is chosen: the run completes, and the chosen range is logged and trained on.
+    And the two ranks draw different training noise (their own masks and times) at every step."""
 
     candidates = [[0.2, 0.8], [0.5, 1.0]]
     args = ["fit", "--config", EXPERIMENTS / "number_words" / "block_diffusion.yaml", "--run.root", tmp_path, "--run.version", "bd",
@@ -144,10 +147,15 @@ def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
             "--data.init_args.vocab_size", "300", "--data.init_args.n_val", "64", "--data.init_args.n_test", "64",
             "--model.init_args.backbone.d_model", "32", "--model.init_args.backbone.n_layers", "1",
             "--model.init_args.backbone.d_ff", "64", "--model.init_args.eval_every_n_epochs", "0",
-            "--model.init_args.noise_search", str(candidates)]
-    result = run_process(args, cwd=tmp_path, timeout=300)
+            "--model.init_args.noise_search", str(candidates), "--trainer.callbacks+=noise_probe.NoiseProbe"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = run_process(args, cwd=tmp_path, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_trained_on_the_lowest_variance_candidate(tmp_path / "number_words" / "block_diffusion" / "bd", candidates)
+    ranks = [[json.loads(line) for line in (tmp_path / f"noise_rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert [d["step"] for d in ranks[0]] == [d["step"] for d in ranks[1]] and len(ranks[0]) >= 2
+    for zero, one in zip(*ranks):
+        assert zero["uniforms"] != one["uniforms"], zero["step"]
 
 
 @pytest.fixture(scope="module")

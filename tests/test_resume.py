@@ -17,13 +17,14 @@ import torch
 
 from conftest import debug_fit_args, read_metrics, run_main, run_process
 
-# 64 pairs / batch 8 = 8 steps per epoch, 2 epochs; dropout on, so the RNG state matters too.
+# 64 pairs / batch 8 = 8 steps per epoch, 2 epochs; block diffusion with dropout on, so the RNG
+# state matters too: the resumed run must draw the uninterrupted run's masks, times and dropout.
 # last.ckpt every 2 steps: killed when global step 5 starts, the checkpoint is step 4 (mid-epoch 0)
 # and the row of step 4 was logged after it (the resumed run must drop it and log it again).
 # Killed at step 9: the checkpoint is the one written at the end of epoch 0, after validation.
 # Every run averages its two epoch-end snapshots: a resumed run must average the same weights.
 RESUME_ARGS = [
-    "--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
+    "--model", "attnlab.BlockDiffusion", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
     "--model.init_args.backbone.dropout", "0.1", "--run.checkpoint_every_n_steps", "2",
     "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
 ]
@@ -284,3 +285,31 @@ def test_continued_csv_drops_only_the_rows_logged_again(tmp_path):
     fresh.log_metrics({"train/loss": 9.0}, step=0)
     fresh.save()
     assert (run / "metrics.csv").read_text().splitlines()[1:] == ["0,9.0"]
+
+
+def test_each_rank_draws_its_own_noise_and_one_process_resumes_its_stream(monkeypatch):
+    """RngStates at the start of training: ranks are seeded by (seed, rank), the same each time;
+    a checkpoint's states come back exactly on one process; on two ranks (a checkpoint holds
+    rank zero's states only) each rank is reseeded by (seed, rank, step) instead."""
+    from types import SimpleNamespace
+
+    from attnlab.training.resume import RngStates
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")
+
+    def first_draws(rank, world, step=0, saved=None):
+        callback, trainer = RngStates(), SimpleNamespace(world_size=world, global_rank=rank, global_step=step)
+        if saved is not None:
+            callback.load_state_dict(saved)
+        callback.on_train_start(trainer, None)
+        callback.on_train_batch_start(trainer, None, None, 0)
+        return torch.rand(4)
+
+    zero, one = first_draws(0, 2), first_draws(1, 2)
+    assert not torch.equal(zero, one) and torch.equal(first_draws(1, 2), one)
+    torch.manual_seed(123)
+    saved = RngStates().state_dict()
+    expected = torch.rand(4)
+    assert torch.equal(first_draws(0, 1, step=5, saved=saved), expected)
+    zero, one = first_draws(0, 2, step=5, saved=saved), first_draws(1, 2, step=5, saved=saved)
+    assert not torch.equal(zero, one) and not torch.equal(zero, expected)

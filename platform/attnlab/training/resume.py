@@ -7,6 +7,7 @@ A run killed at any point (SIGKILL included) and started again with the same com
   every validation (Lightning's saves are atomic: a kill while writing leaves the previous file).
 - Lightning restores weights, optimizer, LR schedule and loop progress; `RngStates` restores the
   global torch / python / numpy RNGs (dropout, block-diffusion noise) at the first batch after it.
+  (Training noise is per rank: `RngStates` seeds each rank's torch generator by (seed, rank).)
 - The training batch order is fixed by (seed, epoch) and the data module skips the batches of the
   interrupted epoch that were already trained (`TokenizedDataModule.state_dict`).
 - `ResumableCSVLogger` keeps the run's metrics.csv and drops the rows that the resumed run logs
@@ -15,6 +16,7 @@ A run killed at any point (SIGKILL included) and started again with the same com
 from __future__ import annotations
 
 import csv
+import os
 import random
 from pathlib import Path
 
@@ -63,15 +65,37 @@ class LastCheckpoint(ModelCheckpoint):
         private.get(self, "_save_last_checkpoint")(trainer, private.get(self, "_monitor_candidates")(trainer))
 
 
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The torch seed of one rank's training noise, mixed from (seed, global rank, step) by
+    numpy's SeedSequence, so nearby seeds and ranks give unrelated streams."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
 class RngStates(Callback):
-    """Saves the global RNG states in every checkpoint; restores them at the first training batch
-    after a resume (so whatever ran in between, e.g. building loaders, does not matter).
+    """Per-rank training noise, and exact resume of it on one process.
+
+    At the start of training each rank seeds torch's global generator (dropout, block-diffusion
+    masks and times) by (seed, global rank): under DDP every rank draws its own noise, as N
+    processes of batch B should (Lightning seeds every rank alike). The states go into every
+    checkpoint and are restored at the first training batch after a resume on one process (so
+    whatever ran in between, e.g. building loaders, does not matter). A checkpoint holds rank
+    zero's states only, so a resume on N > 1 ranks reseeds each by (seed, rank, step): the same
+    on every such resume, but not the stream the interrupted run would have drawn.
 
     Stored as tensors and plain tuples only, so checkpoints still load with weights_only=True.
     """
 
     def __init__(self):
         self._pending: dict | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._pending is not None and trainer.world_size == 1:
+            return  # restored exactly at the first batch
+        self._pending = None
+        seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed() % 2**32))
+        torch.manual_seed(rank_seed(seed, trainer.global_rank, trainer.global_step))
 
     def state_dict(self) -> dict:
         state = {"torch": torch.get_rng_state(), "python": random.getstate()}
