@@ -237,6 +237,36 @@ def block_size_beyond_learned_position_table(env):
                             "--model.init_args.backbone.max_positions", "120"), ["backbone.max_positions=120", "positions"]
 
 
+@case
+def context_unknown(env):
+    return _block_diffusion(env, "--model.init_args.context", "bidirectional"), [
+        "model.init_args.context", "bidirectional", "block_causal, causal"]
+
+
+@case
+def ar_loss_without_causal_context(env):
+    return _block_diffusion(env, "--model.init_args.ar_loss_weight", "0.5"), [
+        "model.init_args.ar_loss_weight", "context: causal"]
+
+
+@case
+def complementary_masks_with_elbo_weights(env):
+    return _block_diffusion(env, "--model.init_args.complementary_masks", "true"), [
+        "model.init_args.complementary_masks", "loss_weighting: uniform"]
+
+
+@case
+def resample_range_no_block_reaches(env):
+    return _block_diffusion(env, "--model.init_args.resample", "true", "--model.init_args.noise_range", "[0.3, 0.45]"), [
+        "model.init_args.noise_range", "[0.3, 0.45]", "no block of 4 tokens", "resample: false"]
+
+
+@case
+def first_hitting_with_fewer_steps(env):
+    return _block_diffusion(env, "--model.init_args.unmasking", "first_hitting", "--model.init_args.denoising_steps", "2"), [
+        "model.init_args.denoising_steps", "first_hitting", "leave it null"]
+
+
 # ---- data files ----
 
 @case
