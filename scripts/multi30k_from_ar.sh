@@ -9,7 +9,8 @@
 #      epochs, as its config has always been scored), block diffusion's best by val/nll (a few
 #      epochs of fine-tuning: an average would reach back to the first).
 #   3. Both are tested on test2016 at eval batch 1 and 64: DecoderOnly greedy (and beam 4, the README's
-#      earlier row), the converted model with 4 steps per block of 4 and with threshold decoding.
+#      earlier row), the converted model (shifted, causal context: see its config) with 4 and 2 steps
+#      per block of 4 and with threshold decoding.
 #   4. With `scratch` as third argument: BlockDiffusion from scratch (experiments/multi30k/block_diffusion.yaml)
 #      for the same budget B, tested the same way.
 #   5. The table (scripts/multi30k_table.py): every evaluation with sacreBLEU's paired bootstrap
@@ -71,9 +72,10 @@ best() {  # the best-by-val/nll checkpoint of a fit folder
   echo "$found"
 }
 BD_CKPT=$(best "$BD")
-evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 steps per block, then threshold decoding
+evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 and 2 steps per block, then threshold decoding
   for B in 1 64; do
     evaluate "$1" "$2" "$3" "$4-steps=4@b$B" --data.init_args.eval_batch_size $B
+    evaluate "$1" "$2" "$3" "$4-steps=2@b$B" --data.init_args.eval_batch_size $B --model.init_args.denoising_steps 2
     for TAU in 0.9 0.7; do
       evaluate "$1" "$2" "$3" "$4-tau=$TAU@b$B" --data.init_args.eval_batch_size $B \
         --model.init_args.unmasking threshold --model.init_args.threshold $TAU

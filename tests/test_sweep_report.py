@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -151,11 +152,15 @@ def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
     from attnlab.experiment.spec import load_sweep, wandb_sweep_config
 
     spec = load_sweep(EXPERIMENTS / "compare_families.yaml")
-    assert [p.name for p in spec.grid_points()] == ["decoder_only", "encoder_decoder", "block_diffusion"]
+    assert [p.name for p in spec.grid_points()] == ["decoder_only", "encoder_decoder", "block_diffusion",
+                                                    "block_diffusion_from_ar"]
     assert spec.seeds == [0, 1, 2]
-    assert [p.folder for p in spec.points()][:4] == ["decoder_only/seed0", "encoder_decoder/seed0",
-                                                     "block_diffusion/seed0", "decoder_only/seed1"]
-    assert wandb_sweep_config(spec)["parameters"]["seed_everything"] == {"values": [0, 1, 2]}
+    assert [p.folder for p in spec.points()][:5] == ["decoder_only/seed0", "encoder_decoder/seed0", "block_diffusion/seed0",
+                                                     "block_diffusion_from_ar/seed0", "decoder_only/seed1"]
+    assert spec.init_from == {"block_diffusion_from_ar": ("decoder_only", 500)}
+    exported = wandb_sweep_config(spec)["parameters"]
+    assert exported["seed_everything"] == {"values": [0, 1, 2]}
+    assert [Path(c).stem for c in exported["config"]["values"]] == ["decoder_only", "encoder_decoder", "block_diffusion"]
     exported = wandb_sweep_config(load_sweep(EXPERIMENTS / "number_words" / "block_size_sweep.yaml"))
     assert exported["method"] == "grid"
     assert exported["parameters"]["model.init_args.block_size"] == {"values": [1, 2, 4, 8, 16]}

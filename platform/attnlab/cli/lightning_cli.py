@@ -146,6 +146,7 @@ class AttnlabCLI(LightningCLI):
             checkpoint = read_checkpoint(init_from, arg="run.init_from")
             load_network(model, checkpoint, f"run.init_from {init_from}", getattr(datamodule, "tokenizer", None))
             self._say(f"starting from the network weights of {init_from} ({checkpoint['attnlab']['family']})")
+            self._started_from = (init_from, checkpoint)  # its cost goes to the ledger (instantiate_trainer)
         budget = parse_budget(self.setting(self.config_init, "run").budget)
         if self.subcommand == "fit" and budget is not None:
             if budget.kind == "time" and isinstance(model, FamilyModule) and model.optim.schedule == "cosine":
@@ -176,6 +177,9 @@ class AttnlabCLI(LightningCLI):
         every = self.setting(self.config_init, "run").checkpoint_every_n_steps
         budget = self.setting(self.config_init, "run").budget if self.subcommand in ("fit", None) else None
         ledger = BudgetLedger(budget, replaces=_replaced_by_budget(trainer_config, budget))
+        started_from, self._started_from = getattr(self, "_started_from", None), None
+        if started_from is not None:
+            ledger.inherit(started_from[1], started_from[0])
         kwargs.update(budget_trainer_args(budget))
         defaults = [LastCheckpoint(every) if isinstance(c, LastCheckpoint) else ledger if isinstance(c, BudgetLedger) else c
                     for c in self.trainer_defaults["callbacks"] if type(c) not in (ModelCheckpoint, EarlyStopping, ParameterSummary)]

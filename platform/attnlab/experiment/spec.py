@@ -24,6 +24,9 @@
         decoder_only: {greedy: {}}
         block_diffusion: {"tau=0.9": {model.init_args.unmasking: threshold, model.init_args.threshold: 0.9}}
       reference: decoder_only/greedy   # what the others are compared with (default: the first listed)
+    init_from:                         # a point starts from another point's network at one of its steps,
+      block_diffusion_from_ar: {point: decoder_only, step: 500}   # seed by seed (that point runs first,
+                                       # saving checkpoints/step=500.ckpt); its ledger counts that network's cost
     tune:                              # the same search for every point before its seeds (Optuna; see
       trials: 8                        # attnlab.experiment.tune): trials per point, chosen on validation
       space: {model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}}
@@ -46,7 +49,8 @@ import yaml
 
 from attnlab.errors import ConfigError
 
-KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds", "tune", "budget"}
+KNOWN_KEYS = {"base", "grid", "points", "reference", "fixed", "evaluate", "frontier", "name", "seeds", "tune", "budget",
+              "init_from"}
 BUDGET = "run.budget"  # what a sweep's `budget:` sets (attnlab.training.budget)
 ENTRY_KEYS = ("checkpoint", "points")  # keys of an evaluate entry that are not config overrides
 EVAL_BATCH = "data.init_args.eval_batch_size"
@@ -94,6 +98,19 @@ class SweepSpec:
     named: dict[str, dict[str, Any]] | None = None  # `points:` (name -> overrides), instead of a grid
     reference: str | None = None  # the point every row is tested against (None: the first point)
     tune: Any = None  # attnlab.experiment.tune.TuneSpec: the same search for every point, before its seeds
+    init_from: dict[str, tuple[str, int]] = field(default_factory=dict)  # point -> (source point, step)
+
+    def snapshot_steps(self, point: SweepPoint) -> list[int]:
+        """The steps at which `point` saves checkpoints/step=<k>.ckpt for a point that starts from it."""
+        return sorted({step for source, step in self.init_from.values() if source == point.name})
+
+    def start_of(self, point: SweepPoint) -> str | None:
+        """The checkpoint `point` starts from, relative to the sweep folder (None: a fresh start)."""
+        if point.name not in self.init_from:
+            return None
+        source, step = self.init_from[point.name]
+        folder = source if point.seed is None else f"{source}/seed{point.seed}"
+        return f"{folder}/fit/checkpoints/step={step}.ckpt"
 
     @property
     def swept_keys(self) -> list[str]:
@@ -188,6 +205,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
             if "points" in entry and spec.reference not in entry["points"]:
                 raise ConfigError(f"{path}: evaluate.{name}.points leaves out the reference point {spec.reference!r}, "
                                   "so nothing could be tested against it: add it to that list")
+    if "init_from" in raw:
+        spec.init_from = _init_from(raw["init_from"], path, names)
     if "tune" in raw:
         from attnlab.experiment.tune import parse_tune
 
@@ -212,6 +231,25 @@ def load_sweep(path: str | Path) -> SweepSpec:
         if "points" in overrides:
             _point_names(overrides["points"], path, f"evaluate.{name}.points", names)
     return spec
+
+
+def _init_from(raw, path: Path, names: list[str]) -> dict[str, tuple[str, int]]:
+    """`init_from: {point: {point: source, step: k}}`, each source a point listed before its
+    target (points run in file order within a seed, so the source's checkpoint exists)."""
+    out = {}
+    for target, entry in _mapping(raw, path, "init_from").items():
+        where = f"{path}: init_from.{target}"
+        if target not in names:
+            raise ConfigError(f"{where}: no such point; points are {', '.join(names)}")
+        entry = _mapping(entry, path, f"init_from.{target}")
+        source, step = entry.get("point"), entry.get("step")
+        if set(entry) != {"point", "step"} or source not in names or names.index(source) >= names.index(target):
+            raise ConfigError(f"{where} must be {{point: <a point listed before {target}>, step: <k>}}, e.g. "
+                              f"{{point: {names[0]}, step: 500}}; got {dict(entry)}")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ConfigError(f"{where}.step={step!r} must be an optimizer step >= 1 of {source}'s fit")
+        out[target] = (source, step)
+    return out
 
 
 def _named_points(raw: dict, path: Path, bases: int) -> dict[str, dict[str, Any]]:
@@ -340,8 +378,12 @@ def wandb_sweep_config(spec: SweepSpec) -> dict:
     if spec.named is not None:
         raise ConfigError(f"{spec.path}: --export-wandb needs a grid; a sweep of named points (`points:`) has no "
                           "wandb equivalent: run it with `attnlab sweep`")
+    if spec.init_from and spec.grid:
+        raise ConfigError(f"{spec.path}: --export-wandb: points that start from another point's checkpoint "
+                          "(init_from) have no wandb equivalent: run the sweep with `attnlab sweep`")
     parameters: dict[str, dict] = {}
-    configs = [str(b) for b in spec.bases]
+    # wandb agents run points independently: a point that starts from another's checkpoint is left out
+    configs = [str(b) for b in spec.bases if b.stem not in spec.init_from]
     parameters["config"] = {"values": configs} if len(configs) > 1 else {"value": configs[0]}
     for key, value in spec.fixed.items():
         parameters[key] = {"value": value}

@@ -73,11 +73,26 @@ def point_commands(spec: SweepSpec, point: SweepPoint, root: str, passthrough: l
     seed = [] if point.seed is None else [f"--seed_everything={point.seed}"]
     common = configs + as_cli_args(point.overrides) + seed + passthrough
     run = ["--run.root", root, "--run.name", f"{spec.name}/{point.folder}", "--run.group", spec.name]
-    commands = {"fit": ["fit", *common, *run, "--run.version", "fit"]}
+    commands = {"fit": ["fit", *common, *run, "--run.version", "fit", *snapshot_args(spec.snapshot_steps(point))]}
+    start = spec.start_of(point)
+    if start is not None:
+        commands["fit"] += ["--run.init_from", str(Path(root) / spec.name / start)]
     for name, entry in spec.evaluations_for(point).items():
         _, overrides = evaluation_checkpoint(entry)
         commands[name] = ["test", *common, *as_cli_args(overrides), *run, "--run.version", name]
     return commands
+
+
+def snapshot_args(steps: list[int]) -> list[str]:
+    """Lightning's ModelCheckpoint saving checkpoints/step=<k>.ckpt at each of `steps` (one
+    callback per step: every_n_train_steps also saves the step's multiples, which a later
+    point's start never needs but costs little)."""
+    args = []
+    for step in steps:
+        args += ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                 f"--trainer.callbacks.every_n_train_steps={step}", "--trainer.callbacks.save_top_k=-1",
+                 "--trainer.callbacks.filename={step}"]  # Lightning names it step=<k>
+    return args
 
 
 def checkpoint_to_test(fit_dir: Path, which: str = "best", entry: str = "test") -> Path:
@@ -376,6 +391,9 @@ def sweep_main(argv: list[str]) -> int:
     if args.export_wandb:
         Path(args.export_wandb).write_text(yaml.safe_dump(wandb_sweep_config(spec), sort_keys=False))
         print(f"wrote {args.export_wandb}; start it with `wandb sweep {args.export_wandb}` and then `wandb agent <sweep id>`")
+        if spec.init_from:
+            print(f"left out: {', '.join(spec.init_from)} (each starts from another point's checkpoint, which wandb "
+                  "agents cannot order); run those with attnlab sweep")
         return 0
     devices = args.devices.split(",") if args.devices else visible_gpus()
     runner = SweepRunner(spec, args.root, passthrough, devices)

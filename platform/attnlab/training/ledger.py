@@ -16,6 +16,10 @@ Totals over the whole fit (continued exactly by a resumed run: they are saved in
   included, set-up and sanity check not), as Lightning's max_time measures it; the time between
   a resumed run's last checkpoint and its interruption is lost, as for max_time.
 
+A run started from another's network (`run.init_from`) inherits that checkpoint's totals (and
+its steps, in summary.json): a converted model's cost includes what its network cost, so a
+budget of flops, tokens or epochs covers both (a time budget counts the run's own time only).
+
 Logged as budget/flops, budget/tokens and budget/epochs every step (float64, so they read back
 exactly), written to summary.json by RunSummary, read back by attnlab.experiment.runs. With a
 `run.budget` (attnlab.training.budget) the ledger also sets the run's length at setup.
@@ -49,7 +53,22 @@ class BudgetLedger(L.Callback):
         self.flops, self.tokens, self.seconds = 0, 0, 0.0
         self.unique_tokens: int | None = None
         self.plan: dict | None = None  # what the budget derived (summary.json "budget")
+        self.inherited: dict | None = None  # what run.init_from's network had cost (see `inherit`)
         self._started: float | None = None
+
+    def inherit(self, checkpoint: dict, source: str) -> None:
+        """Start the totals at those of the checkpoint a run starts from (nothing to inherit from a
+        checkpoint written before the ledger)."""
+        state = (checkpoint.get("callbacks") or {}).get(type(self).__name__)
+        if not state:
+            return
+        self.flops, self.tokens, self.seconds = state["flops"], state["tokens"], state["seconds"]
+        self.inherited = {"from": str(source), "steps": int(checkpoint.get("global_step", 0)),
+                          "flops": state["flops"], "tokens": state["tokens"], "seconds": round(state["seconds"], 2)}
+
+    @property
+    def inherited_steps(self) -> int:
+        return self.inherited["steps"] if self.inherited else 0
 
     # ---- the budget --------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -71,7 +90,7 @@ class BudgetLedger(L.Callback):
             raise ConfigError(f"run.budget {self.budget.kind} needs an attnlab family and data module, which "
                               "know a training step's cost")
         cost = step_cost(pl_module, datamodule.train_batches(), trainer.world_size, trainer.accumulate_grad_batches)
-        max_steps = max_steps_for(self.budget, cost)
+        max_steps = max_steps_for(self._left(), cost)
         max_steps, cost = trainer.strategy.broadcast((max_steps, cost), src=0)  # every rank stops at one step
         # Public loop attributes; with max_epochs -1, estimated_stepping_batches (the schedule's
         # length, FamilyModule.configure_optimizers) is max_steps.
@@ -80,6 +99,17 @@ class BudgetLedger(L.Callback):
         self.plan = {self.budget.kind: self.budget.value, "max_steps": max_steps, "flops_per_step": cost.flops,
                      "tokens_per_step": cost.tokens, "steps_per_epoch": cost.steps_per_epoch}
         self._say(describe_steps(self.budget, max_steps, cost))
+
+    def _left(self) -> Budget:
+        """The budget less what the inherited network spent (ConfigError when nothing is left)."""
+        if not self.inherited:
+            return self.budget
+        spent = {"flops": self.flops, "tokens": self.tokens,
+                 "epochs": self.tokens / self.unique_tokens if self.unique_tokens else 0.0}[self.budget.kind]
+        if spent >= self.budget.value:
+            raise ConfigError(f"run.budget {self.budget.describe()}: run.init_from {self.inherited['from']} already "
+                              f"spent {spent:.4g} of it; raise the budget or start from an earlier checkpoint")
+        return Budget(self.budget.kind, self.budget.value - spent)
 
     @rank_zero_only
     def _say(self, line: str) -> None:
@@ -112,17 +142,20 @@ class BudgetLedger(L.Callback):
 
     def totals(self) -> dict:
         """summary.json's "ledger"."""
-        return {"flops": self.flops, "tokens": self.tokens, "unique_tokens": self.unique_tokens,
-                "epochs": self.tokens / self.unique_tokens if self.unique_tokens else None,
-                "train_seconds": round(self.elapsed(), 2)}
+        totals = {"flops": self.flops, "tokens": self.tokens, "unique_tokens": self.unique_tokens,
+                  "epochs": self.tokens / self.unique_tokens if self.unique_tokens else None,
+                  "train_seconds": round(self.elapsed(), 2)}
+        return {**totals, "inherited": self.inherited} if self.inherited else totals
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"flops": self.flops, "tokens": self.tokens, "seconds": self.elapsed()}
+        state = {"flops": self.flops, "tokens": self.tokens, "seconds": self.elapsed()}
+        return {**state, "inherited": self.inherited} if self.inherited else state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.flops, self.tokens = state_dict["flops"], state_dict["tokens"]
         self.seconds = state_dict["seconds"]
+        self.inherited = state_dict.get("inherited")
 
 
 def length_batch(lengths: list[tuple[int, int]], pad: int) -> dict:

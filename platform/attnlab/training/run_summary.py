@@ -36,6 +36,7 @@ class RunSummary(L.Callback):
         }
         for ledger in (c for c in trainer.callbacks if isinstance(c, BudgetLedger)):
             summary["ledger"] = ledger.totals()
+            summary["steps"] += ledger.inherited_steps  # the network's steps, the run.init_from it started from included
             if ledger.plan is not None:
                 summary["budget"] = ledger.plan
         atomic_write_text(Path(log_dir) / "summary.json", json.dumps(summary, indent=1) + "\n")
