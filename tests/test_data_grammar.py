@@ -171,3 +171,23 @@ def test_bad_arguments_name_the_field():
         GrammarDataModule(max_words=2)
     with pytest.raises(ConfigError, match="p_adverb \\+ p_adverbial"):
         GrammarDataModule(p_adverb=0.6, p_adverbial=0.6)
+
+
+def test_the_drawn_splits_are_cached_and_read_back_identical(tmp_path):
+    """The first module draws the pairs and keeps them in its cache folder; a second one reads the
+    file instead of drawing, and gets the very same pairs; a damaged file is drawn again."""
+    import data_modules.grammar.task as task
+
+    args = dict(n_train=300, n_val=20, n_test=20, vocab_size=300, cache_dir=str(tmp_path))
+    drawn = GrammarDataModule(**args)._load_splits()
+    (cached,) = (tmp_path / "grammar").glob("*.json")
+    calls = []
+    original = task.grammar_pairs
+    task.grammar_pairs = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        assert GrammarDataModule(**args)._load_splits() == drawn and not calls
+        cached.write_text("{not json", encoding="utf-8")
+        assert GrammarDataModule(**args)._load_splits() == drawn and calls == [1]
+        assert GrammarDataModule(**{**args, "seed": 1})._load_splits() != drawn  # another seed, another entry
+    finally:
+        task.grammar_pairs = original

@@ -228,6 +228,22 @@ def test_permutation_p_equals_an_exhaustive_sign_flip_enumeration():
     assert paired_permutation_p(a, a) == 1.0
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.03, 0.08])
+def test_permutation_p_agrees_with_scipys_on_many_pairs(shift):
+    """3,000 pairs (random sign patterns, not every one): the p-value is scipy's permutation_test's
+    to within Monte Carlo error (both draw 9,999 patterns; the standard error is at most 0.005)."""
+    import numpy as np
+    from scipy import stats
+
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=3000)
+    b = a + rng.normal(scale=1.0, size=3000) - shift
+    d = a - b
+    reference = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=9999,
+                                       vectorized=True, alternative="two-sided", random_state=0).pvalue
+    assert paired_permutation_p(list(a), list(b)) == pytest.approx(reference, abs=0.02)
+
+
 def test_interval_is_students_t_by_hand():
     summary = summarize([1.0, 2.0, 3.0, 6.0])
     mean, std = 3.0, math.sqrt(((1 - 3) ** 2 + (2 - 3) ** 2 + 0 + (6 - 3) ** 2) / 3)

@@ -7,10 +7,12 @@ always give the same data. See data_modules.grammar.syntax for what the task ask
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 
 from attnlab.errors import ConfigError
 from data_modules.base import Pairs, TokenizedDataModule, check_positive
+from data_modules.files import atomic_write_bytes
 from data_modules.grammar.sampler import GrammarSampler
 from data_modules.grammar.syntax import english, german
 
@@ -79,8 +81,21 @@ class GrammarDataModule(TokenizedDataModule):
         self.counts = {"train": n_train, "val": n_val, "test": n_test}
 
     def _load_splits(self) -> dict[str, Pairs]:
+        """The generated splits, kept in the cache folder beside the tokenizers: drawing 22,000
+        sentences takes ~2 s, which every fit and test process of a sweep would pay again."""
         counts = {split: n for split, n in self.counts.items() if n > 0}
-        return grammar_pairs(self.seed, counts, self.max_words, **self.probabilities)
+        params = [FORMAT, self.seed, counts, self.max_words, sorted(self.probabilities.items())]
+        path = self._cache_root() / "grammar" / f"{hashlib.sha256(repr(params).encode()).hexdigest()[:24]}.json"
+        try:
+            return {split: [tuple(pair) for pair in pairs] for split, pairs in json.loads(path.read_text("utf-8")).items()}
+        except (OSError, ValueError, AttributeError):  # not cached yet, or a damaged entry: draw them
+            pass
+        splits = grammar_pairs(self.seed, counts, self.max_words, **self.probabilities)
+        try:
+            atomic_write_bytes(path, json.dumps(splits, ensure_ascii=False).encode("utf-8"))
+        except OSError:  # a read-only cache only costs drawing them again
+            pass
+        return splits
 
     def _fingerprint(self) -> str:
         # The train split is drawn first, so it depends on neither n_val nor n_test.
