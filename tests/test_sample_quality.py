@@ -93,6 +93,8 @@ def test_the_verb_writes_the_table_json_and_plot(lm_checkpoints, tmp_path):
     assert default.code == 0, default.err[-3000:]
     (row,) = json.loads((tmp_path / "default" / "sample_quality.json").read_text())
     assert (row["unmasking"], row["steps_per_block"], row["nfe"]) == ("first_hitting", 4, 8)
+    measured = (tmp_path / "default" / "sample_quality.md").read_text().splitlines()[0]
+    assert measured.startswith("`attnlab sample-quality ") and " commit " in measured and "cores of" in measured
     assert all(0 <= r["entropy"] <= math.log(8) + 1e-9 and r["gen_ppl"] > 1 for r in rows)
     assert (out / "sample_quality.png").stat().st_size > 0
     assert "| AR | 1 | one token a call | 8.0 |" in (out / "sample_quality.md").read_text()

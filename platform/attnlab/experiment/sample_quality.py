@@ -158,8 +158,13 @@ def _decoding(row: dict) -> str:
     return f"{row['steps_per_block']} steps/block ({row['unmasking']})"
 
 
-def markdown(rows: list[dict], scorer: Path) -> str:
-    lines = [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
+def markdown(rows: list[dict], scorer: Path, measured: dict | None = None) -> str:
+    """The table, after a line saying how it was measured (`measured`: provenance.context)."""
+    lines = []
+    if measured:
+        lines += [f"`{measured['command']}`, {measured['date']}, {measured['machine']}, commit {measured['commit']}, "
+                  f"torch {measured['torch']}.", ""]
+    lines += [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
              "each); NFE: model calls per batch of samples (threshold decoding: a block takes the calls its "
              "hardest row needs); entropy: the mean unigram entropy of a sample, in nats.", "",
              "| model | block | decoding | NFE | gen. PPL | entropy | tokens/s |",
@@ -266,7 +271,9 @@ def sample_quality_main(argv: list[str]) -> int:
                     log=lambda line: print(f"[sample-quality] {line}", flush=True))
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows, Path(args.scorer))
+    from attnlab.experiment.provenance import context
+
+    table = markdown(rows, Path(args.scorer), context("attnlab sample-quality " + " ".join(argv)))
     (output / "sample_quality.md").write_text(table, encoding="utf-8")
     (output / "sample_quality.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     figure = plot(rows, output / "sample_quality.png")

@@ -127,7 +127,7 @@ def sample_blocks(
 
     done = budgets <= 0
     compact = compact and not compiled
-    deterministic = sampling.temperature == 0.0 and unmasking != "random"  # see token_loop on sampling
+    deterministic = sampling.temperature == 0.0 and unmasking not in ("random", "first_hitting")  # see token_loop on sampling
     out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch
     for b in range(n_blocks):
