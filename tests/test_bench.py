@@ -154,12 +154,13 @@ def test_bench_command_writes_json_that_matches_its_table(tmp_path, cli, monkeyp
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads VmHWM from /proc/self/status")
 def test_the_cpu_memory_probe_measures_the_quadratic_scores_in_its_own_process():
     """The math backend holds (heads x length x length) float32 scores: at 1,024 tokens and 4 heads
-    at least 16 MiB more than at 64 tokens, measured by the probe process the bench starts."""
+    at least 16 MiB more than at 64 tokens, measured by the probe process the bench starts. (At 64
+    tokens the step may fit in pages its warm-up step of the same length freed: 0 is a valid peak.)"""
     from attnlab.bench.memory import peak_bytes
 
     cpu = torch.device("cpu")
     short, long = (peak_bytes(n, 32, 4, "math", cpu) for n in (64, 1024))
-    assert short > 0 and long - short > 4 * 1024 * 1024 * 4
+    assert short >= 0 and long - short > 4 * 1024 * 1024 * 4
 
 
 @pytest.mark.parametrize("flags, message", [
