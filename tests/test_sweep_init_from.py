@@ -13,8 +13,8 @@ from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, run_sweep
 
 def _sweep(tmp_path, **extra) -> object:
     converted = tmp_path / "converted.yaml"
-    converted.write_text(DEBUG_YAML.read_text(encoding="utf-8").replace("attnlab.DecoderOnly", "attnlab.BlockDiffusion")
-                         + "", encoding="utf-8")
+    converted.write_text(DEBUG_YAML.read_text(encoding="utf-8").replace("attnlab.DecoderOnly", "attnlab.BlockDiffusion"),
+                         encoding="utf-8")
     spec = {"base": [str(DEBUG_YAML), str(converted)], "seeds": [0, 1],
             "init_from": {"converted": {"point": "debug", "step": 1}}, "evaluate": {"test": {}}, **extra}
     path = tmp_path / "convert.yaml"
