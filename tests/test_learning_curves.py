@@ -110,3 +110,20 @@ def test_a_facet_key_no_run_sweeps_is_one_error_naming_the_swept_keys(tmp_path):
     sweep = _write_sweep(tmp_path)
     with pytest.raises(AttnlabError, match=f"--facet model.init_args.block_size: no run sweeps that key; swept keys: {TRAIN_TOKENS}"):
         report_main([str(sweep), "--wandb", "disabled", "--facet", "model.init_args.block_size"])
+
+
+def test_a_run_started_from_another_network_begins_at_its_inherited_cost():
+    """A converted run logs its own steps 0..n-1 with ledger totals that include what the network
+    it started from had cost; the summary counts the inherited steps too. The FLOPs axis starts at
+    the inherited FLOPs before its first step and ends at its own last step."""
+    from types import SimpleNamespace
+
+    from attnlab.experiment.curves import ledger_at
+
+    summary = {"steps": 500 + 100, "ledger": {"flops": 7.0, "epochs": 1.2, "unique_tokens": 1000,
+                                              "inherited": {"steps": 500, "flops": 5.0, "tokens": 1000}}}
+    logged = {"budget/flops": [(49, 6.0)], "budget/epochs": [(49, 1.1)]}
+    record = SimpleNamespace(summary=summary, series=lambda key: logged.get(key, []),
+                             ledger=lambda key: summary["ledger"].get(key))
+    assert ledger_at(record, "flops") == [(-1, 5.0), (49, 6.0), (99, 7.0)]
+    assert ledger_at(record, "epochs") == [(-1, 1.0), (49, 1.1), (99, 1.2)]  # epochs: tokens / unique tokens

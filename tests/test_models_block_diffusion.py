@@ -171,8 +171,9 @@ def test_block_size_one_with_everything_masked_is_the_autoregressive_nll():
         torch.testing.assert_close(nll[r], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_flex_block_mask_computes_the_dense_mask_function():
-    dense, flex = tiny_module(2), tiny_module(2, mask_backend="flex")
+@pytest.mark.parametrize("context", ["block_causal", "causal"])
+def test_flex_block_mask_computes_the_dense_mask_function(context):
+    dense, flex = tiny_module(2, context=context), tiny_module(2, mask_backend="flex", context=context)
     f = frame(CONDITIONAL, 2)
     tokens, blocks, positions = f.target_view()
     args = (tokens, blocks, positions, f.clean, f.clean_blocks)
@@ -371,6 +372,17 @@ def test_resample_redraws_exactly_the_blocks_outside_the_range():
     assert torch.equal(out[1], masked[1]) and out[0, :4].sum() >= 2
 
 
+def test_the_training_range_reads_back_as_configured_so_resample_keeps_bd3lms_edges():
+    """The range lives in a float32 buffer (saved with the weights): read back naively, 1e-3 is
+    0.0010000000474974513, an edge `resample` would enforce (redrawing every block with nothing
+    masked), and 0.3 is above 0.3."""
+    from attnlab.models.masked_diffusion import enforced_bounds
+
+    floor = tiny_module(block_size=4, noise_range=[1e-3, 1.0], resample=True)
+    assert floor.train_range == (1e-3, 1.0) and enforced_bounds(*floor.train_range) == (None, None)
+    assert tiny_module(block_size=10, noise_range=[0.3, 0.9], resample=True).train_range == (0.3, 0.9)
+
+
 def test_a_range_no_block_can_reach_is_refused_with_resample():
     with pytest.raises(ConfigError, match="noise_range.*no block of 4 tokens"):
         tiny_module(block_size=4, noise_range=[0.3, 0.45], resample=True)
@@ -448,6 +460,14 @@ def test_complementary_masks_train_every_target_token_once():
     for seed in range(3):
         loss, _ = module.nelbo_terms(f, 0.2, 0.9, generator=torch.Generator().manual_seed(seed))
         assert loss.tolist() == pytest.approx([r * math.log(39) / 2 for r in region], rel=1e-5)
+    # The second copy's input is the first's complement: every target-region token masked in exactly one.
+    inputs, joint_pass = [], module.model.joint_pass
+    module.model.joint_pass = lambda noisy, *rest: inputs.append(noisy) or joint_pass(noisy, *rest)
+    module.nelbo_terms(f, 0.2, 0.9, generator=torch.Generator().manual_seed(0))
+    (noisy,) = inputs
+    first, second = (noisy[:len(region)] == MASK), (noisy[len(region):] == MASK)
+    _, blocks, _ = f.target_view()
+    assert torch.equal(first ^ second, blocks >= 0) and not (first & second).any()
     with pytest.raises(ConfigError, match="complementary_masks needs loss_weighting: uniform"):
         tiny_module(block_size=2, complementary_masks=True)
 
@@ -477,3 +497,28 @@ def test_the_ar_loss_is_the_clean_halfs_next_token_loss():
     torch.testing.assert_close(nll_ar, nll)
     with pytest.raises(ConfigError, match="ar_loss_weight > 0 needs context: causal"):
         tiny_module(block_size=2, ar_loss_weight=0.5)
+
+
+def test_noise_search_measures_the_nelbo_terms_whatever_the_training_weights():
+    """bd3lms picks the range by the variance of the 1/t-weighted loss; with plain cross-entropy
+    (loss_weighting uniform) the statistic stays that one, so the two weightings see the same
+    per-token terms for the same network and noise."""
+    elbo, uniform = tiny_module(block_size=2), tiny_module(block_size=2, loss_weighting="uniform")
+    uniform.load_state_dict(elbo.state_dict())
+    f = frame(CONDITIONAL, 2)
+    terms = [m.nelbo_terms(f, 0.2, 0.9, generator=torch.Generator().manual_seed(3), per_token=True)[2]
+             for m in (elbo, uniform)]
+    assert terms[0].abs().sum() > 0 and torch.equal(terms[0], terms[1])
+
+
+def test_the_ar_loss_is_trained_but_left_out_of_evaluation():
+    """val/loss stays the bound's loss, comparable with a model trained without the AR loss."""
+    plain = tiny_module(block_size=2, shift=True, context="causal")
+    with_ar = tiny_module(block_size=2, shift=True, context="causal", ar_loss_weight=0.5)
+    losses = [m.loss_terms(CONDITIONAL).loss for m in (plain, with_ar)]
+    assert torch.equal(losses[0], losses[1])
+    plain.train(), with_ar.train()
+    torch.manual_seed(0)
+    base = plain.loss_terms(CONDITIONAL).loss
+    torch.manual_seed(0)
+    assert not torch.allclose(with_ar.loss_terms(CONDITIONAL).loss, base)

@@ -25,7 +25,8 @@ def _sweep(tmp_path, **extra) -> object:
 def test_a_point_starts_from_the_same_seeds_snapshot_and_inherits_its_cost(tmp_path):
     result = run_sweep([_sweep(tmp_path), "--root", tmp_path / "runs", *FAST_TRAINER, *DEBUG_DATA,
                         "--run.wandb", "disabled", "--model.init_args.shift", "true"], cwd=tmp_path)
-    assert result.returncode != 0  # a passthrough flag reaches every point: DecoderOnly has no shift
+    assert result.returncode != 0 and "shift" in result.stderr, result.stderr[-3000:]  # a passthrough flag
+    # reaches every point, and DecoderOnly has no shift
     result = run_sweep([_sweep(tmp_path), "--root", tmp_path / "runs2", *FAST_TRAINER, *DEBUG_DATA,
                         "--run.wandb", "disabled"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -57,3 +58,30 @@ def test_a_bad_init_from_names_the_field(tmp_path, init_from, message):
 
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
         load_sweep(_sweep(tmp_path, init_from=init_from))
+
+
+def test_on_several_devices_a_point_waits_for_the_point_it_starts_from(tmp_path, monkeypatch):
+    """Points run one per device at once; the converted point of a seed must not start before that
+    seed's source point has written its snapshot, whichever device is free first."""
+    import threading
+    import time
+
+    from attnlab.experiment.spec import load_sweep
+    from attnlab.experiment.sweep import SweepRunner
+
+    runner = SweepRunner(load_sweep(_sweep(tmp_path)), str(tmp_path / "runs"), [], ["0", "1"])
+    events, lock = [], threading.Lock()
+
+    def run_point(point, device):
+        with lock:
+            events.append(("start", point.folder))
+        time.sleep(0.3 if point.name == "debug" else 0.01)
+        with lock:
+            events.append(("end", point.folder))
+        return True
+
+    monkeypatch.setattr(runner, "run_point", run_point)
+    assert runner.run() == []
+    for seed in (0, 1):
+        assert events.index(("start", f"converted/seed{seed}")) > events.index(("end", f"debug/seed{seed}"))
+    assert max(sum(1 if kind == "start" else -1 for kind, _ in events[:i + 1]) for i in range(len(events))) <= 2

@@ -62,16 +62,28 @@ def _interpolate(step: float, known: list[tuple[float, float]]) -> float:
 
 
 def ledger_at(record, key: str) -> list[tuple[float, float]] | None:
-    """(step, value) of a ledger total (budget/epochs or budget/flops): its logged values, nothing
-    spent before the first step (-1, 0), and the summary's total at the last step; None without it."""
+    """(step, value) of a ledger total (budget/epochs or budget/flops): its logged values, what was
+    spent before the first step at -1 (0, or what a run.init_from network had cost), and the
+    summary's total at the last step; None without it. Steps are the run's own (as logged); the
+    summary's count includes the inherited ones."""
     logged = dict(record.series(f"budget/{key}"))
     if not logged:
         return None
+    inherited = (record.summary.get("ledger") or {}).get("inherited") or {}
     steps, total = record.summary.get("steps"), record.ledger(key)
     if steps and total is not None:
-        logged.setdefault(int(steps) - 1, float(total))
-    logged.setdefault(-1, 0.0)
+        logged.setdefault(int(steps) - inherited.get("steps", 0) - 1, float(total))
+    logged.setdefault(-1, _inherited(record, inherited, key))
     return sorted(logged.items())
+
+
+def _inherited(record, inherited: dict, key: str) -> float:
+    """What the network a run started from had spent: its FLOPs, or its tokens over the run's
+    unique tokens for epochs (the ledger's definition of an epoch); 0 for a fresh start."""
+    if key != "epochs":
+        return float(inherited.get(key, 0.0))
+    unique = record.ledger("unique_tokens")
+    return inherited.get("tokens", 0) / unique if unique else 0.0
 
 
 def evaluations(record) -> list[tuple[int, float, float, float]]:

@@ -179,11 +179,7 @@ class SweepRunner:
         if self.spec.tune is not None and todo:  # the same search for every point, before its seeds
             todo, untuned = self.tuned(todo)
         if len(self.devices) > 1:
-            free: queue.Queue = queue.Queue()
-            for device in self.devices:
-                free.put(device)
-            with ThreadPoolExecutor(len(self.devices)) as pool:
-                results = list(pool.map(lambda p: self._run_on_free_device(p, free), todo))
+            results = self.run_in_parallel(todo)
         else:
             results = [self.run_point(p, self.devices[0] if self.devices else None) for p in todo]
         return untuned + [p.folder for p, ok in zip(todo, results) if not ok]
@@ -217,12 +213,30 @@ class SweepRunner:
                   file=sys.stderr, flush=True)
         return ready, failed
 
-    def _run_on_free_device(self, point: SweepPoint, free: queue.Queue) -> bool:
-        device = free.get()
-        try:
-            return self.run_point(point, device)
-        finally:
+    def run_in_parallel(self, todo: list[SweepPoint]) -> list[bool]:
+        """One point per device at a time; a point that starts from another point's checkpoint
+        (`init_from`) waits, before it takes a device, until that point of its seed has finished."""
+        free: queue.Queue = queue.Queue()
+        for device in self.devices:
             free.put(device)
+        finished = {p.folder: threading.Event() for p in todo}
+
+        def run_when_ready(point: SweepPoint) -> bool:
+            try:
+                if point.name in self.spec.init_from:
+                    source = replace(point, name=self.spec.init_from[point.name][0]).folder
+                    if source in finished:  # else it finished in an earlier sweep command
+                        finished[source].wait()
+                device = free.get()
+                try:
+                    return self.run_point(point, device)
+                finally:
+                    free.put(device)
+            finally:
+                finished[point.folder].set()
+
+        with ThreadPoolExecutor(len(todo) or 1) as pool:  # a thread per point: waiting ones hold no device
+            return list(pool.map(run_when_ready, todo))
 
     def run_point(self, point: SweepPoint, device: str | None) -> bool:
         folder, label = self.point_dir(point), point.folder

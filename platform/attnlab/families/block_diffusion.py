@@ -90,8 +90,13 @@ class BlockDiffusion(FamilyModule):
         where clean tokens never see what they predict); 0 trains the NELBO alone.
         complementary_masks: each example twice in the batch, the second with the complementary
         mask, so every target token is trained once (Fast-dLLM v2); needs loss_weighting uniform.
+        With `resample` only the first copy is redrawn into the range: the second masks the rest
+        of each block (fraction 1 - f), which is what makes the pair complementary.
+        ar_loss_weight and complementary_masks shape training only: val/loss and val/nll are the
+        bound's.
         loss_weighting: "elbo" weights a masked token's loss by 1/t (the NELBO); "uniform" is plain
-        cross-entropy on masked tokens (Fast-dLLM v2). val/nll is the NELBO either way.
+        cross-entropy on masked tokens (Fast-dLLM v2). val/nll is the NELBO either way, and so is
+        what noise_search measures (the variance of each block's 1/t-weighted loss, as bd3lms).
         """
         super().__init__(*args, **kwargs)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -165,7 +170,8 @@ class BlockDiffusion(FamilyModule):
                     per_token: bool = False):
         """Per-row weighted training loss and NLL sums (B,) under t ~ U[low, high] per block
         (or the given (B, n_blocks) t); `seeds` (evaluation): each row's noise from its own seed.
-        `per_token`: also the (B, Ln) weighted loss of every target position (0 where unmasked).
+        `per_token`: also the (B, Ln) 1/t-weighted (NELBO) loss of every target position, 0 where
+        unmasked, whatever `loss_weighting` trains with.
 
         Training adds what the options ask: resampled masks, a complementary copy of each row,
         the AR loss on the clean half. The NLL never scores eos fillers (see the module's doc)."""
@@ -198,13 +204,13 @@ class BlockDiffusion(FamilyModule):
         n_logits = len(logits)
         if len(target) > rows:  # complementary copies: each an estimate, the row's their mean
             loss, nll = (loss[:rows] + loss[rows:]) / 2, (nll[:rows] + nll[rows:]) / 2
-        if self.ar_loss_weight:
+        if self.training and self.ar_loss_weight:  # a training signal: val/loss stays the bound's loss
             ar_loss, n_ar = self._ar_loss(frame, hidden[:rows, noisy.shape[1]:])
             loss, n_logits = loss + self.ar_loss_weight * ar_loss, n_logits + n_ar
         self.last_flops = self.flop_counter.step(len(target), noisy.shape[1] + clean.shape[1], n_logits)
-        if per_token:
+        if per_token:  # the NELBO's terms whatever the training weights: bd3lms's noise-search statistic
             dense = torch.zeros(masked.shape, device=target.device, dtype=loss.dtype)
-            dense[masked] = smoothed * train_weight
+            dense[masked] = smoothed * weight
             return loss, nll, dense[:rows]
         return loss, nll
 
@@ -221,15 +227,24 @@ class BlockDiffusion(FamilyModule):
         (loss,) = row_sums(labelled.nonzero()[:, 0], len(labelled), smoothed)
         return loss, len(labels)
 
+    @property
+    def train_range(self) -> tuple[float, float]:
+        """The training noise range as the floats it was configured with: the buffer holds float32
+        (1e-3 would read 0.0010000000474974513, which `resample` would then enforce), and every
+        range here is a config value of at most 6 decimals."""
+        low, high = (round(x, 6) for x in self.train_noise.tolist())
+        return low, high
+
     def _eval_seeds(self, batch) -> list[int] | None:
         """Evaluation batches from a data module carry each example's index: its noise seed."""
         return None if self.training or "index" not in batch else batch["index"].tolist()
 
     def loss_terms(self, batch):
         frame = self._frame(batch)
-        low, high = self.train_noise.tolist() if self.training else (self.eval_noise_floor, 1.0)
+        low, high = self.train_range if self.training else (self.eval_noise_floor, 1.0)
         loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device), seeds=self._eval_seeds(batch))
-        n_inputs = int((frame.clean_blocks >= 0).sum() + frame.region.sum())
+        copies = 2 if self.training and self.complementary_masks else 1  # each row runs twice
+        n_inputs = copies * int((frame.clean_blocks >= 0).sum() + frame.region.sum())
         return LossTerms(loss, nll, frame.n_targets, n_inputs, self.last_flops)
 
     def expected_flops(self, batch):
@@ -237,7 +252,7 @@ class BlockDiffusion(FamilyModule):
         projection runs on (low + high) / 2 of them on average (at the range trained at setup)."""
         frame = self._frame(batch)
         target, blocks, _ = frame.target_view()
-        low, high = self.train_noise.tolist()
+        low, high = self.train_range
         copies = 2 if self.complementary_masks else 1  # the copies together mask every token once
         masked = int((blocks >= 0).sum()) * (1.0 if self.complementary_masks else (low + high) / 2)
         if self.ar_loss_weight:
