@@ -14,7 +14,7 @@
 #   4. With `scratch` as third argument: BlockDiffusion from scratch (experiments/multi30k/block_diffusion.yaml)
 #      for the same budget B, tested the same way.
 #   5. The table (scripts/multi30k_table.py): every evaluation with sacreBLEU's paired bootstrap
-#      against DecoderOnly greedy.
+#      against DecoderOnly greedy, each row's training cost, and whether the goal of issue 32 holds.
 #
 # Run it from the repository root with the virtual environment active.
 # Usage: scripts/multi30k_from_ar.sh [K] [DATA_DIR] [scratch]   (defaults: K=7, ../shared/data/multi30k)
@@ -28,6 +28,9 @@ AR_VERSION=${AR_VERSION:-budget}  # the DecoderOnly run's version (folder name)
 AR=$ROOT/decoder_only/$AR_VERSION
 BD=$ROOT/block_diffusion_from_ar/epoch$K
 D=(--data.init_args.data_dir "$DATA" --run.wandb disabled)
+mkdir -p "$ROOT"
+[ -f "$ROOT/recipe.json" ] || python -c 'import json, sys; from attnlab.experiment.provenance import context
+print(json.dumps(context(" ".join(sys.argv[1:])), indent=1))' scripts/multi30k_from_ar.sh "$@" > "$ROOT/recipe.json"  # command, machine, commit for the table
 
 if [ ! -f "$AR/summary.json" ]; then
   attnlab fit --config experiments/multi30k/decoder_only.yaml "${D[@]}" --run.version "$AR_VERSION" \
@@ -98,4 +101,4 @@ if [ "${3:-}" = scratch ]; then
   SCRATCH_CKPT=$(best "$SCRATCH")
   evaluate_bd experiments/multi30k/block_diffusion.yaml "$SCRATCH_CKPT" "$SCRATCH" budget
 fi
-python scripts/multi30k_table.py "$ROOT" "decoder_only/$AR_VERSION-greedy@b64"
+python scripts/multi30k_table.py "$ROOT" "decoder_only/$AR_VERSION-greedy@b64"  # --page docs/results/multi30k.md publishes it

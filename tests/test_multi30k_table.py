@@ -1,0 +1,75 @@
+"""scripts/multi30k_table.py: the goal check of issue 32 and the generated block of the results page."""
+import json
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import multi30k_table  # noqa: E402
+
+AR = {"test/bleu": 34.0, "test/gen_tokens_per_s": 300.0, "test/nfe_per_token": 1.0}
+
+
+@pytest.mark.parametrize("bleu, tokens_per_s, calls, met", [
+    (31.0, 600.0, 0.5, True),  # exactly on every bound
+    (30.9, 600.0, 0.5, False),  # 3.1 BLEU below
+    (33.0, 599.0, 0.5, False),  # 1.997× the tokens/s
+    (33.0, 900.0, 0.51, False),  # more than two calls per block of 4
+])
+def test_the_goal_needs_quality_speed_and_few_calls_at_once(bleu, tokens_per_s, calls, met):
+    ok, text = multi30k_table.goal_verdict(AR, {"test/bleu": bleu, "test/gen_tokens_per_s": tokens_per_s,
+                                                "test/nfe_per_token": calls})
+    assert ok is met
+    assert ("✗" in text) is not met
+
+
+def _evaluation(root, name, bleu, tokens_per_s, calls, hypotheses, fit):
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text("test/bleu,test/chrf,test/gen_tokens_per_s,test/nfe_per_token\n"
+                                        f"{bleu},50.0,{tokens_per_s},{calls}\n")
+    (folder / "examples.jsonl").write_text("".join(json.dumps({"reference": r, "hypothesis": h}) + "\n"
+                                                   for r, h in zip(REFERENCES, hypotheses)))
+    (folder / "config.yaml").write_text(f"ckpt_path: {fit / 'checkpoints' / 'x.ckpt'}\n")
+
+
+REFERENCES = ["ein hund läuft im park .", "zwei männer spielen fußball .", "eine frau liest ein buch ."] * 4
+
+
+def test_the_page_block_is_replaced_with_the_table_and_the_verdict(tmp_path):
+    root = tmp_path / "runs" / "multi30k"
+    ar_fit, bd_fit = root / "decoder_only" / "budget", root / "block_diffusion_from_ar" / "epoch7"
+    for fit, summary in ((ar_fit, {"steps": 3000, "fit_seconds": 3200.0, "ledger": {"train_seconds": 3200.0}}),
+                         (bd_fit, {"steps": 2500, "fit_seconds": 1200.0, "ledger": {
+                             "train_seconds": 3210.0, "inherited": {"steps": 1700, "seconds": 2000.0}}})):
+        (fit / "checkpoints").mkdir(parents=True)
+        (fit / "checkpoints" / "x.ckpt").write_bytes(b"")
+        (fit / "summary.json").write_text(json.dumps(summary))
+    worse = [h.replace("hund", "katze") for h in REFERENCES]
+    for batch in (1, 64):
+        _evaluation(root, f"decoder_only/budget-greedy@b{batch}", 34.0, 300.0, 1.0, REFERENCES, ar_fit)
+        _evaluation(root, f"block_diffusion_from_ar/epoch7-steps=2@b{batch}", 32.0, 650.0, 0.5, worse, bd_fit)
+        _evaluation(root, f"block_diffusion_from_ar/epoch7-steps=4@b{batch}", 33.5, 280.0, 1.0, worse, bd_fit)
+    page = tmp_path / "page.md"
+    page.write_text(f"# title\n\n{multi30k_table.MARKERS[0]}\n{multi30k_table.MARKERS[1]}\n\nafter\n")
+    multi30k_table.main(root, "decoder_only/*greedy@b64", page)  # an empty block
+    page.write_text(page.read_text().replace("p: sacreBLEU", "old numbers"))
+    multi30k_table.main(root, "decoder_only/*greedy@b64", page)  # and one holding the last table
+
+    text = page.read_text()
+    assert "old numbers" not in text and text.startswith("# title") and text.endswith("after\n")
+    assert "0:53:30 (0:33:20 AR + 0:20:10), 2,500 steps" in text  # the converted row's cost includes its AR epochs
+    assert "0:53:20, 3,000 steps" in text
+    assert "block_diffusion_from_ar/epoch7-steps=2@b1: 2.00 BLEU below" in text and "2.17×" in text
+    assert "epoch7-steps=4@b1" in text and "0.93× its tokens/s (goal ≥ 2×) ✗" in text
+    assert "**The goal is met** by 1 of the 2 block-diffusion decodings at batch 1." in text
+
+
+def test_a_page_without_the_markers_is_refused_and_left_as_it_was(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# no block here\n")
+    with pytest.raises(SystemExit, match="has no <!-- generated: multi30k_table -->"):
+        multi30k_table._replace_generated(page, "table")
+    assert page.read_text() == "# no block here\n"
