@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from attnlab.errors import ConfigError, DataError
+from data_modules.errors import ConfigError, DataError
 from data_modules.batch import Example, IndexedExamples, SpecialIds, collate, collate_indexed
 from data_modules.batching import EpochRandomSampler, EvenShareSampler, TokenBudgetBatchSampler, distributed_world
 from data_modules.tokenizer import Tokenizer, check_tokenizer_args, default_cache_dir, train_tokenizer

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from attnlab.errors import DataError
+from data_modules.errors import DataError
 
 
 def require_file(path: str | Path, arg: str, hint: str = "") -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from attnlab.errors import ConfigError
+from data_modules.errors import ConfigError
 from data_modules.base import Pairs, TokenizedDataModule
 
 MAX_NUMBER = 999_999

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from attnlab.errors import ConfigError, DataError
+from data_modules.errors import ConfigError, DataError
 from data_modules.base import Pairs, TokenizedDataModule
 from data_modules.files import atomic_write_bytes, read_lines, require_file, sha256_files
 

@@ -11,7 +11,7 @@ import hashlib
 import random
 import string
 
-from attnlab.errors import ConfigError
+from data_modules.errors import ConfigError
 from data_modules.base import Pairs, TokenizedDataModule
 
 TASKS = ("reverse", "copy")

@@ -18,7 +18,7 @@ import hashlib
 import math
 from pathlib import Path
 
-from attnlab.errors import ConfigError, DataError
+from data_modules.errors import ConfigError, DataError
 from data_modules.base import TokenizedDataModule
 from data_modules.files import iter_lines, require_file, sha256_files
 from data_modules.token_files import TokenChunks, token_file_path, write_token_file

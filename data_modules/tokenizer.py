@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
-from attnlab.errors import ConfigError, DataError
+from data_modules.errors import ConfigError, DataError
 from data_modules.batch import SpecialIds
 from data_modules.files import atomic_write_bytes
 

@@ -24,6 +24,24 @@ def test_the_docs_layout_names_every_file_of_the_package():
     assert not files - named, f"files docs/guides/layout.md does not name: {sorted(files - named)}"
 
 
+def test_data_modules_is_the_base_and_imports_nothing_from_attnlab():
+    """The two packages do not import each other in a circle: attnlab builds on data_modules."""
+    import ast
+
+    import data_modules.errors
+    from attnlab import errors
+
+    offenders, files = [], sorted((PACKAGE.parents[1] / "data_modules").rglob("*.py"))
+    assert len(files) > 10
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "attnlab"]
+    assert not offenders
+    assert errors.ConfigError is data_modules.errors.ConfigError and errors.DataError is data_modules.errors.DataError
+
+
 def test_no_fsdp1_internals_are_imported_anywhere():
     pattern = re.compile(r"torch\.distributed\.fsdp\._|_flat_param|_runtime_utils|_get_full_state_dict_context")
     offenders = [str(p) for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text(encoding="utf-8"))]
@@ -69,3 +87,16 @@ def test_a_config_naming_an_old_class_path_still_builds(tmp_path):
                            "--trainer.callbacks+=attnlab.averaging.CheckpointAveraging"], run=False)
     assert type(cli.model).__name__ == "DecoderOnly"
     assert any(type(c).__name__ == "CheckpointAveraging" for c in cli.trainer.callbacks)
+
+
+def test_reading_the_errors_imports_no_torch_and_the_cli_knows_every_data_module():
+    """Every attnlab command reads the error types before any work (a refusal costs no torch
+    import); the CLI then imports every data module, so short class names (`--data
+    GrammarDataModule`) resolve as they did when data_modules loaded eagerly."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import attnlab.errors; light = 'torch' not in sys.modules; "
+            "import attnlab.cli.lightning_cli; print(light, 'data_modules.grammar.task' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]

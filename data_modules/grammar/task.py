@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 
-from attnlab.errors import ConfigError
+from data_modules.errors import ConfigError
 from data_modules.base import Pairs, TokenizedDataModule, check_positive
 from data_modules.files import atomic_write_bytes
 from data_modules.grammar.sampler import GrammarSampler

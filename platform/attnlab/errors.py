@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import sys
 
+# Defined in the base package (data_modules imports nothing from attnlab), the same classes here.
+from data_modules.errors import AttnlabError, ConfigError, DataError
 
-class AttnlabError(Exception):
-    """A problem with the user's input (config, data file, checkpoint) and how to fix it."""
-
-
-class ConfigError(AttnlabError, ValueError):
-    """A config value that cannot work; the message names the field and the fix."""
-
-
-class DataError(AttnlabError, ValueError):
-    """A data file that is missing or malformed; the message names the file (and line)."""
+__all__ = ["AttnlabError", "ConfigError", "DataError", "EXIT_INTERRUPTED", "Preempted", "interrupted_status"]
 
 
 EXIT_INTERRUPTED = 75  # sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry"

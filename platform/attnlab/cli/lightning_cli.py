@@ -29,7 +29,10 @@ from attnlab.training.per_example import PerExampleWriter, gather_rows
 from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
 from attnlab.training.parameter_summary import ParameterSummary
 from attnlab.training.run_summary import RunSummary
+import data_modules
 from data_modules.base import TokenizedDataModule
+
+data_modules.load_all()  # the data modules by their short class names, as `--data GrammarDataModule`
 
 
 class AttnlabCLI(LightningCLI):
