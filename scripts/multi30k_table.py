@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from attnlab.experiment.provenance import measured_on
 from attnlab.experiment.runs import last_values, read_metrics
 from attnlab.experiment.stats import sacrebleu_paired_p
 from attnlab.training.per_example import read_examples
@@ -113,8 +114,7 @@ def _provenance(root: Path, folders: list[Path]) -> list[str]:
     when = [datetime.datetime.fromtimestamp(s, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             for s in (min(stamps), max(stamps))]
     return [f"**Command.** `{record.get('command', 'scripts/multi30k_from_ar.sh')}`", "",
-            f"**Measured** {when[0]} to {when[1]} on {record.get('machine', 'an unrecorded machine')}, "
-            f"commit `{record.get('commit', 'unrecorded')}`, torch {record.get('torch', 'unrecorded')}; "
+            f"**Measured** {when[0]} to {when[1]} on {measured_on(record)}; "
             "Multi30k test2016 (1,000 sentences), cased sacreBLEU 13a and chrF; one seed."]
 
 

@@ -70,6 +70,13 @@ def context(command: str) -> dict:
             "commit": commit(), "torch": torch.__version__}
 
 
+def measured_on(record: dict) -> str:
+    """`<machine>, commit `<commit>`, torch <version>`: where a results page says it was measured
+    (`record` as `context` returns it; an unrecorded field says so)."""
+    return (f"{record.get('machine', 'an unrecorded machine')}, commit `{record.get('commit', 'unrecorded')}`, "
+            f"torch {record.get('torch', 'unrecorded')}")
+
+
 def write_sweep_record(sweep_dir: Path, command: str, sweep_file: str | Path, name: str) -> None:
     """sweep.json: the context of the sweep command that last finished runs in `sweep_dir`."""
     record = {**context(command), "name": name, "question": question(sweep_file)}

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.experiment.provenance import context, measured_on
 from attnlab.generation.model_calls import CallCounter
 from data_modules.batch import pad_sequences
 
@@ -162,8 +163,7 @@ def markdown(rows: list[dict], scorer: Path, measured: dict | None = None) -> st
     """The table, after a line saying how it was measured (`measured`: provenance.context)."""
     lines = []
     if measured:
-        lines += [f"`{measured['command']}`, {measured['date']}, {measured['machine']}, commit {measured['commit']}, "
-                  f"torch {measured['torch']}.", ""]
+        lines += [f"`{measured['command']}`, {measured['date']}, {measured_on(measured)}.", ""]
     lines += [f"Generative perplexity under {scorer} ({rows[0]['samples']} samples of {rows[0]['length']} tokens "
              "each); NFE: model calls per batch of samples (threshold decoding: a block takes the calls its "
              "hardest row needs); entropy: the mean unigram entropy of a sample, in nats.", "",
@@ -271,8 +271,6 @@ def sample_quality_main(argv: list[str]) -> int:
                     log=lambda line: print(f"[sample-quality] {line}", flush=True))
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    from attnlab.experiment.provenance import context
-
     table = markdown(rows, Path(args.scorer), context("attnlab sample-quality " + " ".join(argv)))
     (output / "sample_quality.md").write_text(table, encoding="utf-8")
     (output / "sample_quality.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
