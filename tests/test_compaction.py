@@ -29,9 +29,9 @@ def reorders(monkeypatch):
     sizes = []
     real = DecodeState.reorder
 
-    def spy(self, index):
+    def spy(self, index, sources=None):
         sizes.append(len(index))
-        return real(self, index)
+        return real(self, index, sources)
 
     monkeypatch.setattr(DecodeState, "reorder", spy)
     return sizes

@@ -1,9 +1,9 @@
-"""Compiled decoding over a fixed-capacity cache (issue 18, item 1): the same tokens and logits as
-eager decoding for every family and positional encoding, with and without padding, greedy and
-beam; the fixed cache is written in place and refuses to overflow.
+"""Compiled decoding (issue 18, item 1; issue 33): the same tokens and logits as eager decoding
+for every family and positional encoding, with and without padding, greedy and beam; the cache
+is written in place and grows by reallocation when full.
 
 The matrix compiles with Dynamo's "eager" backend: the step is captured as a graph (guards,
-graph breaks, dynamic shapes, the fixed state read and written inside it) and run as captured,
+graph breaks, dynamic shapes, the caches read and written inside it) and run as captured,
 in a fraction of the time. One test per family compiles with Inductor itself, as
 `generation.compile` does, which adds what the matrix leaves out: AOTAutograd's functional
 rewrite of the in-place cache writes, and generated kernels.
@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from attnlab import BackboneConfig
-from attnlab.components.kv_cache import CacheFullError, DecodeState
 from attnlab.generation import compiled_step
 from attnlab.generation.block_diffusion import sample_blocks
 from attnlab.generation.decoder_only import generate, generate_beam
@@ -74,29 +73,24 @@ EVERY_POSITIONAL_PADDED_AND_UNPADDED = [
     *(pytest.param(p, UNPADDED, id=f"{p}-unpadded") for p in ("rope", "alibi"))]
 
 
-def run_three_ways(embedding, decode):
-    """Tokens and recorded logits of decode(mode) for the growing cache, the fixed cache run
-    eagerly, and the fixed cache compiled."""
+def run_both_ways(embedding, decode):
+    """Tokens and recorded logits of decode(mode), eager and compiled."""
     results = {}
-    for mode in ("growing", "fixed", "compiled"):
+    for mode in ("eager", "compiled"):
         calls = recorded_logits(embedding)
-        results[mode] = decode(dict(growing={}, fixed={"fixed": True}, compiled={"compiled": True})[mode]), calls
+        results[mode] = decode({"compiled": mode == "compiled"}), calls
     del embedding.logits
     return results
 
 
-def assert_same(results, logits_of_growing: bool):
-    (grown, grown_logits), (fixed, fixed_logits), (compiled, compiled_logits) = (
-        results["growing"], results["fixed"], results["compiled"])
-    assert grown == fixed == compiled
-    assert len(fixed_logits) == len(compiled_logits)
-    for eager, graph in zip(fixed_logits, compiled_logits):
-        finite = eager.isfinite()
+def assert_same(results):
+    (eager, eager_logits), (compiled, compiled_logits) = results["eager"], results["compiled"]
+    assert eager == compiled
+    assert len(eager_logits) == len(compiled_logits)
+    for reference, graph in zip(eager_logits, compiled_logits):
+        finite = reference.isfinite()
         assert torch.equal(finite, graph.isfinite())
-        torch.testing.assert_close(graph[finite], eager[finite], atol=1e-5, rtol=1e-5)
-    if logits_of_growing:
-        flat = lambda calls: torch.cat([c.reshape(-1, c.shape[-1]) for c in calls])  # noqa: E731 ((B, 1, V) or (B, V))
-        torch.testing.assert_close(flat(grown_logits), flat(fixed_logits), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(graph[finite], reference[finite], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("positional,prompts", EVERY_POSITIONAL_PADDED_AND_UNPADDED)
@@ -104,11 +98,11 @@ def test_decoder_only_compiled_equals_eager(positional, prompts):
     torch.manual_seed(0)
     model = DecoderOnlyModel(config(positional), VOCAB, PAD).eval()
     common = dict(max_new_tokens=BUDGETS, eos_id=EOS, pad_id=PAD)
-    greedy = run_three_ways(model.stack.embedding, lambda mode: generate(model, prompts, compact=False, **common, **mode))
-    assert_same(greedy, logits_of_growing=True)
-    beam = run_three_ways(model.stack.embedding, lambda mode: generate_beam(
+    greedy = run_both_ways(model.stack.embedding, lambda mode: generate(model, prompts, compact=False, **common, **mode))
+    assert_same(greedy)
+    beam = run_both_ways(model.stack.embedding, lambda mode: generate_beam(
         model, prompts, beam_size=3, alpha=0.6, compact=False, **common, **mode))
-    assert_same(beam, logits_of_growing=True)
+    assert_same(beam)
 
 
 @pytest.mark.parametrize("positional,prefixes", [
@@ -120,13 +114,11 @@ def test_encoder_decoder_compiled_equals_eager(positional, prefixes):
     source = torch.tensor([[7, 8, 9, 10, 2], [11, 12, 2, 0, 0], [13, 2, 0, 0, 0]])
     encoded = model.encode(source, source != 0)[0]
     common = dict(max_lengths=BUDGETS, bos_id=BOS, eos_id=EOS, pad_id=PAD, prefixes=prefixes, compact=False)
-    greedy = run_three_ways(model.decoder.embedding, lambda mode: translate_greedy(model, encoded, **common, **mode))
-    # Without prefixes the growing cache does not hide a finished row's pad (nothing is padded
-    # yet), so its later logits for finished rows differ; the tokens may not.
-    assert_same(greedy, logits_of_growing=prefixes is not None)
-    beam = run_three_ways(model.decoder.embedding, lambda mode: translate_beam(
+    greedy = run_both_ways(model.decoder.embedding, lambda mode: translate_greedy(model, encoded, **common, **mode))
+    assert_same(greedy)
+    beam = run_both_ways(model.decoder.embedding, lambda mode: translate_beam(
         model, encoded, beam_size=3, alpha=0.6, **common, **mode))
-    assert_same(beam, logits_of_growing=False)
+    assert_same(beam)
 
 
 SHIFTED = {"shift": True, "context": "causal"}
@@ -140,8 +132,8 @@ def test_block_diffusion_compiled_equals_eager(positional, prompts, view):
     torch.manual_seed(0)
     model = BlockDiffusionModel(config(positional), VOCAB, PAD, MASK, **view).eval()
     common = dict(max_new_tokens=BUDGETS, block_size=4, steps=2, eos_id=EOS, pad_id=PAD, compact=False)
-    results = run_three_ways(model.stack.embedding, lambda mode: sample_blocks(model, prompts, **common, **mode))
-    assert_same(results, logits_of_growing=True)
+    results = run_both_ways(model.stack.embedding, lambda mode: sample_blocks(model, prompts, **common, **mode))
+    assert_same(results)
 
 
 def test_inductor_compiles_each_family_to_the_eager_tokens(monkeypatch):
@@ -161,36 +153,41 @@ def test_inductor_compiles_each_family_to_the_eager_tokens(monkeypatch):
                                                            prefixes=PADDED, **mode),
     }
     for family, run in runs.items():
-        (eager, eager_logits), (graph, graph_logits) = run(fixed=True), run(compiled=True)
+        (eager, eager_logits), (graph, graph_logits) = run(), run(compiled=True)
         assert eager == graph, family
         torch.testing.assert_close(graph_logits, eager_logits, atol=1e-5, rtol=1e-5)
     blocks = dict(max_new_tokens=BUDGETS, block_size=4, steps=2, eos_id=EOS, pad_id=PAD)
     assert sample_blocks(diffusion, PADDED, compiled=True, **blocks) == sample_blocks(diffusion, PADDED, **blocks)
 
 
-def test_the_fixed_cache_is_written_in_place():
+def test_the_cache_is_written_in_place_and_read_over_its_filled_prefix():
     torch.manual_seed(0)
     model = DecoderOnlyModel(config("rope"), VOCAB, PAD).eval()
-    state = model.new_state(2, capacity=16)
+    state = model.new_state(2, 16)
     with torch.no_grad():
         model(torch.tensor([[1, 7, 8], [1, 9, 10]]), None, state)
-        buffer = state.caches[0].self_attn.k
+        buffer = state.caches[0].self_attn.buffers[0]
         model(torch.tensor([[11], [12]]), None, state)
-    assert state.caches[0].self_attn.k is buffer and buffer.shape == (2, 2, 16, 8)  # (B, H_kv, capacity, D)
-    assert len(state) == 4 and state.key_valid[:, :4].all() and not state.key_valid[:, 4:].any()
+    assert state.caches[0].self_attn.buffers[0] is buffer and buffer.shape == (2, 2, 16, 8)  # (B, H_kv, capacity, D)
+    assert len(state) == 4 and state.caches[0].self_attn.k.shape[2] == 4  # attention read 4 slots, not 16
     assert buffer[:, :, :4].abs().sum() > 0 and buffer[:, :, 4:].abs().sum() == 0
 
 
-def test_the_fixed_cache_refuses_to_overflow():
+def test_a_full_cache_grows_and_decodes_as_one_large_enough():
+    """A cache built too small reallocates once it is full; the tokens and logits do not change."""
     torch.manual_seed(0)
     model = DecoderOnlyModel(config("rope"), VOCAB, PAD).eval()
-    state = model.new_state(1, capacity=4)
-    with torch.no_grad():
-        model(torch.tensor([[1, 7, 8]]), None, state)
-        model(torch.tensor([[9]]), None, state)
-        with pytest.raises(CacheFullError, match="holds 4 tokens and already has 4: 1 more do not fit"):
-            model(torch.tensor([[10]]), None, state)
-    assert len(state) == 4  # nothing was written
+    outputs = []
+    for capacity in (3, 64):
+        state = model.new_state(3, capacity)
+        with torch.no_grad():
+            steps = [model(torch.tensor([[1, 7, 8], [1, 9, 10], [1, 11, 12]]), None, state)[:, -1]]
+            for token in range(13, 23):
+                steps.append(model(torch.full((3, 1), token), None, state)[:, -1])
+        outputs.append(torch.stack(steps))
+        assert len(state) == 13
+    assert state.capacity == 64
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
 
 
 def test_compiled_decoding_past_a_learned_table_stops_with_the_clear_error():
@@ -214,20 +211,20 @@ def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):
     with pytest.raises(ConfigError, match="generation.compile='yes' must be true or false"):
         SamplingConfig(compile="yes")
     seen = []
-    real = DecodeState.fixed.__func__
+    real = compiled_step.step_runner
 
-    def spy(cls, *args, **kwargs):
-        seen.append(args)
-        return real(cls, *args, **kwargs)
+    def spy(compiled):
+        seen.append(compiled)
+        return real(compiled)
 
-    monkeypatch.setattr(DecodeState, "fixed", classmethod(spy))
+    monkeypatch.setattr("attnlab.generation.decoder_only.step_runner", spy)
     from attnlab import DecoderOnly
     from data_modules.batch import Example, collate
 
     module = DecoderOnly(backbone=config("rope"), vocab_size=VOCAB, generation={"compile": True, "max_new_tokens": 3})
     batch = collate([Example([7, 8], [9], "", ""), Example([10], [11], "", "")], module.special.pad)
     assert all(len(ids) <= 3 for ids in module.eval().generate_ids(batch))
-    assert seen, "generation.compile did not decode over a fixed cache"
+    assert seen == [True], "generation.compile did not compile the decoding steps"
 
 
 def test_a_model_is_collected_after_compiled_decoding_and_its_step_is_reused(monkeypatch):

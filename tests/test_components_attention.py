@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from attnlab.components import BackboneConfig, KVCache, MultiHeadAttention
+from kv_slots import open_slots
 from attnlab.components.masks import causal_padding_mask, lengths_to_valid, prefix_mask
 
 
@@ -86,9 +87,11 @@ def test_incremental_attention_with_cache_equals_full_attention():
     _, math = both_backends(4, 2)
     x = torch.randn(2, 6, 32)
     full, _ = math(x, is_causal=True)
-    cache = KVCache()
+    cache = KVCache(capacity=4)  # grows once on the way
+    open_slots(cache, 2, 3)
     steps = [math(x[:, :3], is_causal=True, cache=cache)[0]]
     for t in range(3, 6):
+        open_slots(cache, 2, 1)
         steps.append(math(x[:, t : t + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert len(cache) == 6
@@ -102,27 +105,24 @@ def test_prefix_mask_is_bidirectional_inside_the_prefix_only():
     assert mask[4].all()
 
 
-def test_kv_cache_appends_forks_and_reorders_like_concatenation():
-    """The buffered cache against the obvious torch.cat bookkeeping, across buffer growth."""
-    from attnlab.components.kv_cache import KVCache
-
+def test_kv_cache_appends_grows_and_reorders_like_concatenation():
+    """The preallocated cache against the obvious torch.cat bookkeeping, across growth; a reorder
+    moves only the filled slots and keeps the buffer."""
     torch.manual_seed(0)
-    cache, k_ref, v_ref = KVCache(), None, None
-    chunks = [torch.randn(3, 2, n, 4) for n in (5, 1, 1, 40, 1, 30, 1)]  # passes MIN_CAPACITY and doubles
-    fork = fork_ref = None
-    for i, k in enumerate(chunks):
+    cache, k_ref, v_ref = KVCache(capacity=8), None, None
+    chunks = [torch.randn(3, 2, n, 4) for n in (5, 1, 1, 40, 1, 30, 1)]  # grows twice
+    for k in chunks:
         v = k * 2 + 1
+        open_slots(cache, 3, k.shape[2])
         got_k, got_v = cache.update(k, v)
         k_ref = k if k_ref is None else torch.cat((k_ref, k), dim=2)
         v_ref = v if v_ref is None else torch.cat((v_ref, v), dim=2)
         assert torch.equal(got_k, k_ref) and torch.equal(got_v, v_ref)
-        if i == 3:  # a fork appends on its own; the parent's later appends do not leak into it
-            fork, fork_ref = cache.fork(), k_ref.clone()
-            fork.update(torch.zeros(3, 2, 2, 4), torch.zeros(3, 2, 2, 4))
-    assert torch.equal(fork.k[:, :, :-2], fork_ref) and not fork.k[:, :, -2:].any()
-    index = torch.tensor([2, 0, 0])
-    cache.reorder(index)
-    assert torch.equal(cache.k, k_ref[index]) and torch.equal(cache.v, v_ref[index])
+    assert cache.capacity >= 79
+    index, buffer = torch.tensor([2, 0, 0]), cache.buffers[0]
+    cache.select(index, k_ref.shape[2])
+    assert cache.buffers[0].data_ptr() == buffer.data_ptr()
     extra = torch.randn(3, 2, 1, 4)
+    open_slots(cache, 3, 1)
     cache.update(extra, extra)
     assert torch.equal(cache.k, torch.cat((k_ref[index], extra), dim=2))

@@ -5,6 +5,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnlab.components import BackboneConfig, KVCache, MultiHeadAttention
+from kv_slots import open_slots
 from attnlab.components.masks import causal_padding_mask, lengths_to_valid
 
 D_MODEL, HEADS, KV_HEADS = 32, 8, 2
@@ -74,10 +75,12 @@ def test_a_decode_step_stores_and_allocates_only_the_kv_heads(backend):
     gqa, _ = grouped_and_repeated(backend)
     gqa.float()
     batch, prompt, head_dim = 2, 13, D_MODEL // HEADS
-    cache = KVCache()
+    cache = KVCache(capacity=prompt + 1)
     with torch.no_grad():
+        open_slots(cache, batch, prompt)
         gqa(torch.randn(batch, prompt, D_MODEL), is_causal=True, cache=cache)
         step = torch.randn(batch, 1, D_MODEL)
+        open_slots(cache, batch, 1)
         sizes = allocation_sizes(lambda: gqa(step, cache=cache))
     assert cache.k.shape == (batch, KV_HEADS, prompt + 1, head_dim)
     repeated = batch * HEADS * (prompt + 1) * head_dim * 4

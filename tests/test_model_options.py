@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from attnlab import BackboneConfig, BlockDiffusion, ConfigError, DecoderOnly, EncoderDecoder
 from attnlab.components import KVCache, MultiHeadAttention, TransformerLayer, TransformerStack
+from kv_slots import open_slots
 from attnlab.components.masks import block_diffusion_flex_mask, causal_padding_mask, lengths_to_valid
 from attnlab.components.positional import Rope
 from attnlab.generation.decoder_only import generate
@@ -105,9 +106,11 @@ def test_fused_attention_decodes_incrementally_like_the_unfused_one():
     rope = Rope(BackboneConfig(d_model=32, n_heads=4))
     outputs = {}
     for name, module in (("plain", plain), ("fused", fused)):
-        cache = KVCache()
+        cache = KVCache(capacity=6)
+        open_slots(cache, 2, 3)
         steps = [module(x[:, :3], is_causal=True, cache=cache, rotary=rope.rotary(torch.arange(3)))[0]]
         for t in range(3, 6):
+            open_slots(cache, 2, 1)
             steps.append(module(x[:, t : t + 1], cache=cache, rotary=rope.rotary(torch.tensor([t])))[0])
         outputs[name] = torch.cat(steps, dim=1)
         assert len(cache) == 6

@@ -71,13 +71,13 @@ def peak_bytes(length: int, d_model: int, n_heads: int, backend: str, device: to
 
 
 def kv_cache_bytes(model, batch: int, tokens: int) -> int:
-    """Bytes of a decoder's fixed-capacity KV cache after reading `tokens` tokens per row: what
+    """Bytes of a decoder's KV cache after reading `tokens` tokens per row: what
     decoding holds per layer, measured on the real buffers (GQA stores only the KV heads)."""
-    state = model.new_state(batch, next(model.parameters()).device, capacity=tokens)
+    device = next(model.parameters()).device
+    state = model.new_state(batch, tokens, device)
     with torch.no_grad():
-        model(torch.full((batch, tokens), 6, dtype=torch.long, device=state.key_valid.device), None, state)
-    return sum(c.self_attn.k.untyped_storage().nbytes() + c.self_attn.v.untyped_storage().nbytes()
-               for c in state.caches)
+        model(torch.full((batch, tokens), 6, dtype=torch.long, device=device), None, state)
+    return sum(buffer.untyped_storage().nbytes() for c in state.caches for buffer in c.self_attn.buffers)
 
 
 if __name__ == "__main__":  # the CPU probe: python -m attnlab.bench.memory LENGTH D_MODEL N_HEADS BACKEND N_KV

@@ -135,6 +135,19 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v)
         if rotary is not None:
             q = apply_rotary(q, rotary)
+        beams = q.shape[0] // k.shape[0]  # > 1: beams of one source read its cross-attention keys once
+        if beams > 1:
+            q = _fold_beams(q, beams)
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
+        if beams > 1:
+            out = _unfold_beams(out, beams)
+            weights = None if weights is None else _unfold_beams(weights, beams)
+        if self.heads_masked:
+            out = out * self.head_mask[None, :, None, None].to(out.dtype)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        return self.out_proj(out), weights
+
+    def _attend(self, q, k, v, mask, is_causal: bool, need_weights: bool):
         grouped = self.n_kv_heads != self.n_heads  # GQA: kernels read each KV head once per group
         dropout_p = self.dropout if self.training else 0.0
         weights = None
@@ -147,7 +160,17 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal and mask is None,
                 enable_gqa=grouped,
             )
-        if self.heads_masked:
-            out = out * self.head_mask[None, :, None, None].to(out.dtype)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
-        return self.out_proj(out), weights
+        return out, weights
+
+
+def _fold_beams(q: torch.Tensor, beams: int) -> torch.Tensor:
+    """(S * beams, H, n, D) -> (S, H, beams * n, D): a source's beams become one row of queries."""
+    rows, heads, n, d = q.shape
+    return q.view(rows // beams, beams, heads, n, d).transpose(1, 2).reshape(rows // beams, heads, beams * n, d)
+
+
+def _unfold_beams(x: torch.Tensor, beams: int) -> torch.Tensor:
+    """The inverse of `_fold_beams`, for outputs (S, H, beams * n, D) and weights (S, H, beams * n, L)."""
+    sources, heads, folded, last = x.shape
+    n = folded // beams
+    return x.view(sources, heads, beams, n, last).transpose(1, 2).reshape(sources * beams, heads, n, last)

@@ -1,261 +1,270 @@
 """What incremental decoding remembers, for every family: one DecodeState over per-layer KV caches.
 
-DecodeState holds each layer's self-attention cache (growing) and cross-attention cache (filled
-once per source), plus each key's validity and position, so left-padded prompts, beams
-(`reorder`) and block diffusion's trial blocks (`fork`, `truncate`) all use the same object.
+One layout. Each layer's self-attention keys and values live in a buffer (B, H_kv, capacity, D)
+allocated once, written in place at each row's next slots and read over the filled prefix only
+(so attention never pays for the spare room, eager or compiled). A full buffer grows by one
+reallocation. Cross-attention keys and values are computed once per source and never copied:
+beams of a source read them by folding their queries together (see MultiHeadAttention).
 
-`DecodeState.fixed` is the other layout, for compiled decoding: every cache is preallocated at a
-fixed capacity and written in place at the current slots (as litgpt's is), attention reads the
-whole buffer under a mask (`slot_mask`), so every step has the same shapes and one compiled
-graph serves them all.
+One place builds a call. `DecodeState.step(valid, noisy)` turns "these new tokens" into slots,
+and `step_inputs` into positions, key positions and the mask, for every family: a decoder's
+tokens (`noisy` 0) see the keys before them; block diffusion's trial block (`noisy` tokens at the
+end) is seen by itself alone and dropped after the call, so denoising a block writes nothing
+that has to be undone or copied.
+
+Rows are ragged. Each row's real keys fill its slots from 0 without gaps: a call's valid tokens
+take the row's next slots, its padding goes after them and is overwritten later. So left-padded
+prompts, finished rows fed padding and block-diffusion rows that commit their blocks at different
+calls all share one buffer, and the attended prefix is as long as the longest row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.errors import AttnlabError
+GROWTH_MULTIPLE = 64  # a cache that grows grows to a multiple of this
 
 
-class CacheFullError(AttnlabError, ValueError):
-    """A fixed-capacity cache asked to hold more tokens than it was built for."""
+def round_capacity(needed: int) -> int:
+    return -(-max(needed, 1) // GROWTH_MULTIPLE) * GROWTH_MULTIPLE
 
 
 class KVCache:
     """Keys and values of the tokens seen so far by one attention layer.
 
-    Self-attention appends every step; cross-attention is filled once per source (`static`).
+    Self-attention: `buffers` (B, H_kv, capacity, D), allocated at the first write. Before each
+    call the state sets `slots` (B, n), where the call's new keys go, and `span`, the prefix
+    attention reads; `update` writes there in place and returns views of the prefix.
+    Cross-attention (`static`): the source's keys and values, set once (one row per source).
     Keys are stored after the rotary rotation, so cached positions are never recomputed.
-    Appends write into a buffer with spare room (doubled when full), so a step copies only the
-    new keys, not the whole cache as torch.cat would. `k` / `v` are views of the filled part;
-    whoever replaces them (a fork's result, a reorder) simply gets a fresh buffer at the next append.
     """
 
-    MIN_CAPACITY = 64
-
-    def __init__(self, static: bool = False, capacity: int | None = None):
-        """`capacity`: a fixed-capacity cache (see `DecodeState.fixed`): buffers of that many keys,
-        written in place at `slots` (set by the state before each call); attention then reads the
-        whole buffer, and the state's `slot_mask` hides the slots not yet written."""
+    def __init__(self, static: bool = False, capacity: int = 0):
         self.static = static
         self.capacity = capacity
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots: torch.Tensor | None = None
-        self.k: torch.Tensor | None = None
+        self.span = 0
+        self.k: torch.Tensor | None = None  # self-attention: views of the prefix the next call reads
         self.v: torch.Tensor | None = None
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
+    def prepare(self, span: int, slots: torch.Tensor) -> None:
+        """Point the next call at its slots and the first `span` slots (allocated at the first write)."""
+        self.slots, self.span = slots, span
+        if self.buffers is not None:
+            self.k, self.v = (buffer[:, :, :span] for buffer in self.buffers)
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.capacity is not None and not self.static:
-            if self.k is None:
-                self.k = k.new_zeros(*k.shape[:2], self.capacity, k.shape[3])
-                self.v = v.new_zeros(*v.shape[:2], self.capacity, v.shape[3])
-            self.k.index_copy_(2, self.slots, k)
-            self.v.index_copy_(2, self.slots, v)
-            return self.k, self.v
-        if self.k is None or self.static:
+        if self.static:
             self.k, self.v = k, v
             return k, v
-        n, total = len(self), len(self) + k.shape[2]
-        k_buffer, v_buffer = self._room_for(total)
-        k_buffer[:, :, n:total] = k
-        v_buffer[:, :, n:total] = v
-        self.k, self.v = k_buffer[:, :, :total], v_buffer[:, :, :total]
+        if self.buffers is None:
+            self.buffers = tuple(x.new_zeros(*x.shape[:2], self.capacity, x.shape[3]) for x in (k, v))
+            self.k, self.v = (buffer[:, :, : self.span] for buffer in self.buffers)
+        index = self.slots[:, None, :, None].expand_as(k)
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
         return self.k, self.v
 
-    def _owns_buffers(self) -> bool:
-        """True when k / v are still the leading part of this cache's own buffers."""
-        if self._buffers is None:
-            return False
-        k_buffer, v_buffer = self._buffers
-        return (self.k.data_ptr() == k_buffer.data_ptr() and self.v.data_ptr() == v_buffer.data_ptr()
-                and self.k.shape[:2] == k_buffer.shape[:2] and self.k.stride() == k_buffer.stride())
+    def grow(self, capacity: int, filled: int) -> None:
+        """Reallocate at `capacity` slots, keeping the first `filled` (the only copy a decode makes)."""
+        if self.buffers is not None:
+            grown = []
+            for buffer in self.buffers:
+                new = buffer.new_zeros(*buffer.shape[:2], capacity, buffer.shape[3])
+                new[:, :, :filled] = buffer[:, :, :filled]
+                grown.append(new)
+            self.buffers = tuple(grown)
+        self.capacity = capacity
 
-    def _room_for(self, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._owns_buffers() and self._buffers[0].shape[2] >= total:
-            return self._buffers
-        capacity = max(2 * total, self.MIN_CAPACITY)
-        buffers = []
-        for cached in (self.k, self.v):
-            buffer = cached.new_empty(*cached.shape[:2], capacity, cached.shape[3])
-            buffer[:, :, : cached.shape[2]] = cached
-            buffers.append(buffer)
-        self._buffers = tuple(buffers)
-        return self._buffers
-
-    def fork(self) -> "KVCache":
-        """A cache that starts from this one's keys and values (no copy) but whose updates stay
-        its own: block diffusion reads the clean blocks' cache while a noisy block is denoised.
-        (A fixed cache is not forked: its trial slots are hidden by the mask, then overwritten.)"""
-        other = KVCache(self.static)
-        other.k, other.v = self.k, self.v
-        return other
-
-    def truncate(self, n: int) -> None:
-        """Keep the first n keys and values (a view: the room after them is reused by appends;
-        a fixed cache keeps its buffer, whose later slots its state's mask hides)."""
-        if self.k is not None and self.capacity is None:
-            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select rows (beam search keeps the surviving hypotheses); the spare room moves along."""
-        if self.k is None:
+    def select(self, index: torch.Tensor, filled: int, moved: torch.Tensor | None = None) -> None:
+        """Keep rows `index` (beams, or the rows still decoding): only the filled slots move, and a
+        batch that shrinks or stays keeps its buffer. `moved`: for a batch that keeps its size,
+        the rows whose index is not their own (only those are written)."""
+        if self.static:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
             return
-        n = len(self)
-        if self.capacity is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        elif self._owns_buffers():
-            self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
-            self.k, self.v = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
-        else:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self.buffers is None:
+            return
+        self.k = self.v = None
+        if moved is not None:
+            for buffer in self.buffers:
+                buffer[moved, :, :filled] = buffer[:, :, :filled].index_select(0, index[moved])
+            return
+        kept = []
+        for buffer in self.buffers:
+            rows = buffer[:, :, :filled].index_select(0, index)
+            if len(index) > buffer.shape[0]:
+                buffer = buffer.new_zeros(len(index), *buffer.shape[1:])
+            buffer = buffer[: len(index)]
+            buffer[:, :, :filled] = rows
+            kept.append(buffer)
+        self.buffers = tuple(kept)
 
 
 @dataclass
 class LayerCache:
-    self_attn: KVCache = field(default_factory=KVCache)  # growing, or fixed-capacity (DecodeState.fixed)
+    self_attn: KVCache = field(default_factory=KVCache)
     cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
 
-    def fork(self) -> "LayerCache":
-        return LayerCache(self.self_attn.fork(), self.cross_attn)
+def step_mask(valid: torch.Tensor, slots: torch.Tensor, row_end: torch.Tensor, keys: torch.Tensor,
+              noisy: int, causal: bool) -> torch.Tensor:
+    """The mask (B, 1, n, span) of a call's n tokens over the slots `keys` (span,).
 
-    def truncate(self, n: int) -> None:
-        self.self_attn.truncate(n)
+    A query sees a key when the key is committed (before its row's end); or new and clean, and
+    the query is noisy or, with `causal`, not before it (without: a clean block sees all of
+    itself); or noisy, and the query is noisy too. Every query sees itself (a padding query too,
+    so no row is all masked). Pure tensor code: a compiled step runs it inside its graph.
+    """
+    n = valid.shape[1]
+    query_noisy = torch.zeros_like(valid)
+    if noisy:
+        query_noisy[:, n - noisy:] = True
+    n_clean = (valid & ~query_noisy).long().sum(1, keepdim=True)
+    offset = keys[None, :] - row_end[:, None]  # (B, span): a new key's rank among its row's new slots
+    committed = (offset < 0)[:, None, :]
+    clean_key = ((offset >= 0) & (offset < n_clean))[:, None, :]
+    noisy_key = ((offset >= n_clean) & (offset < n_clean + noisy))[:, None, :]
+    query_slot = slots[:, :, None]
+    if causal:
+        clean_key = clean_key & (query_noisy[..., None] | (keys <= query_slot))
+    visible = committed | clean_key | (noisy_key & query_noisy[..., None]) | (keys == query_slot)
+    return visible[:, None]
+
+
+def cached_forward(stack, tokens, valid, slots, row_end, keys, caches, context_mask, noisy: int, causal: bool,
+                   masked: bool, last_only: bool):
+    """One decoding call of `stack` over a state's caches (see `DecodeState.forward`): its hidden
+    states (B, n, d), or with `last_only` the logits (B, V) of its last token. A real token's
+    position is its slot, so positions need no bookkeeping of their own."""
+    mask = step_mask(valid, slots, row_end, keys, noisy, causal) if masked else None
+    is_causal = not masked and noisy == 0 and tokens.shape[1] > 1
+    hidden, _ = stack(tokens, slots, mask=mask, is_causal=is_causal, key_positions=keys, caches=caches,
+                      context_mask=context_mask)
+    return stack.embedding.logits(hidden[:, -1]) if last_only else hidden
 
 
 @dataclass
 class DecodeState:
-    """Per-layer caches plus what the next call needs to mask and place its tokens.
+    """Per-layer caches plus what the next call needs to place and mask its tokens.
 
-    key_valid (B, Lk) bool and key_positions (B, Lk) describe the cached keys; next_position (B,)
-    is where the next real token goes; `padded`: has any key been padding (until then no call
-    needs a mask); context_mask (B, 1, 1, S): the source tokens cross-attention may see.
+    row_end (B,): each row's real keys, in slots 0 .. row_end - 1 (so also the position of its
+    next real token); `end`: the longest row's; `aligned`: every row has as many (a call of real
+    tokens then needs no mask);
+    context_mask (sources, 1, 1, S): the source tokens cross-attention may see, one row per source;
+    last_clean_hidden (B, d): shifted block diffusion's predictor of a block's first token.
     """
 
     caches: list[LayerCache]
-    key_valid: torch.Tensor
-    key_positions: torch.Tensor
-    next_position: torch.Tensor
-    padded: bool = False
+    row_end: torch.Tensor
+    capacity: int
+    end: int = 0
+    aligned: bool = True
     context_mask: torch.Tensor | None = None
-    capacity: int | None = None  # fixed layout: key_valid / key_positions are (B, capacity) ...
-    filled: int = 0  # ... of which the first `filled` slots are written,
-    slots: torch.Tensor | None = None  # ... the last `append` at these
-    last_clean_hidden: torch.Tensor | None = None  # (B, d): shifted block diffusion's predictor of a block's first token
+    last_clean_hidden: torch.Tensor | None = None
+    calls: int = 0
+    slot_index: torch.Tensor | None = None  # arange(capacity): the slots a call attends over are a view of it
 
     @classmethod
-    def empty(cls, n_layers: int, batch_size: int, device=None, context_mask=None) -> "DecodeState":
-        nothing = torch.zeros(batch_size, 0, device=device)
-        return cls([LayerCache() for _ in range(n_layers)], nothing.bool(), nothing.long(),
-                   torch.zeros(batch_size, dtype=torch.long, device=device), context_mask=context_mask)
-
-    @classmethod
-    def new(cls, n_layers: int, batch_size: int, device=None, capacity: int | None = None,
-            context_mask=None) -> "DecodeState":
-        """A growing state, or with `capacity` a fixed one."""
-        if capacity is not None:
-            return cls.fixed(n_layers, batch_size, capacity, device, context_mask)
-        return cls.empty(n_layers, batch_size, device, context_mask)
-
-    @classmethod
-    def fixed(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None) -> "DecodeState":
-        """Caches of `capacity` keys each, written in place: every decoding step has the same
-        shapes (what a compiled step needs); more tokens than `capacity` raise CacheFullError."""
-        slots = torch.zeros(batch_size, capacity, device=device)
-        caches = [LayerCache(KVCache(capacity=capacity)) for _ in range(n_layers)]
-        return cls(caches, slots.bool(), slots.long(), torch.zeros(batch_size, dtype=torch.long, device=device),
-                   context_mask=context_mask, capacity=capacity)
+    def new(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None) -> "DecodeState":
+        """Caches of `capacity` slots per row (prompt + budget, so that a decode never grows them)."""
+        capacity = max(capacity, 1)
+        caches = [LayerCache() for _ in range(n_layers)]
+        for cache in caches:
+            cache.self_attn.capacity = capacity
+        return cls(caches, torch.zeros(batch_size, dtype=torch.long, device=device), capacity,
+                   context_mask=context_mask, slot_index=torch.arange(capacity, device=device))
 
     def __len__(self) -> int:
-        """Keys cached so far (padding included)."""
-        return self.filled if self.capacity is not None else self.key_valid.shape[1]
+        """Slots filled by the longest row."""
+        return self.end
 
-    @staticmethod
-    def positions_after(next_position: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Positions (B, n) of new tokens with validity `valid`: real tokens count on from
-        next_position, padding takes the position of the token after it (it is never attended)."""
-        return (next_position[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
+    @property
+    def rows(self) -> int:
+        return len(self.row_end)
 
-    def positions_of(self, valid: torch.Tensor) -> torch.Tensor:
-        return self.positions_after(self.next_position, valid)
+    def forward(self, stack, tokens: torch.Tensor, valid: torch.Tensor | None = None, *, noisy: int = 0,
+                causal: bool = True, last_only: bool = False, run=cached_forward):
+        """Feed `tokens` (B, n) with validity `valid` (None: all real) through `stack` over this
+        state, the last `noisy` of them a trial block (seen by itself alone, then forgotten), and
+        return `run`'s result (see `cached_forward`; a compiled step passes its own `run`).
 
-    def place(self, valid: torch.Tensor) -> torch.Tensor:
-        """Append new tokens with validity `valid` (B, n) at their positions, and return those."""
-        positions = self.positions_of(valid)
-        self.append(valid, positions)
-        return positions
+        The one place a call is put together: real tokens take each row's next slots (padding
+        after them, overwritten later), the caches grow when full, and the mask is built only
+        when some query may not see some key of the attended prefix."""
+        n = tokens.shape[1]
+        all_valid = valid is None or bool(valid.all())
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        span = self.end + n
+        if span > self.capacity:
+            self._grow(round_capacity(max(2 * self.capacity, span)))
+        if all_valid:
+            slots = self.row_end[:, None] + self.slot_index[:n]
+        else:  # real tokens first (the trial block counts as real), padding after them
+            real = valid.long()
+            if noisy:
+                real[:, n - noisy:] = 1
+            rank = torch.where(valid, real.cumsum(1) - 1, real.sum(1, keepdim=True) + (1 - real).cumsum(1) - 1)
+            slots = self.row_end[:, None] + rank
+        aligned = self.aligned and all_valid
+        masked = not aligned or (noisy == 0 and n > 1 and self.end > 0) or 0 < noisy < n
+        limit = stack.positional.max_positions
+        if limit is not None and span > limit:  # a real token's position is its slot: only now can one overflow
+            stack.positional.check_positions(slots)
+        for cache in self.caches:
+            cache.self_attn.prepare(span, slots)
+        out = run(stack, tokens, valid, slots, self.row_end, self.slot_index[:span], self.caches, self.context_mask,
+                  noisy, causal, masked, last_only)
+        self._commit(valid, n - noisy, all_valid)
+        return out
 
-    def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
-        """Record keys of new tokens (their K/V join the caches in the stack's forward)."""
-        if self.capacity is not None:
-            self.write_slots(self.key_valid, self.key_positions, self.reserve(valid.shape[1]), valid, positions)
+    def _commit(self, valid: torch.Tensor, n_clean: int, all_valid: bool) -> None:
+        """The call's clean real tokens join their rows; a trial block's slots are simply reused."""
+        if all_valid:
+            self.row_end = self.row_end + n_clean
+            self.end += n_clean
         else:
-            self.key_valid = torch.cat((self.key_valid, valid), dim=1)
-            self.key_positions = torch.cat((self.key_positions, positions), dim=1)
-        self.next_position = self.next_position + valid.long().sum(1)
-        self.padded = self.padded or not bool(valid.all())
+            self.row_end = self.row_end + valid[:, :n_clean].long().sum(1)
+            self._measure_rows()
+        self.calls += 1
 
-    def reserve(self, n: int) -> torch.Tensor:
-        """The next n slots of a fixed state (the caches write their keys there); CacheFullError
-        past the capacity. Python bookkeeping only, so a compiled step never sees `filled`."""
-        if self.filled + n > self.capacity:
-            raise CacheFullError(
-                f"the fixed-capacity KV cache holds {self.capacity} tokens and already has {self.filled}: "
-                f"{n} more do not fit; build the state with a capacity of at least prompt + max_new_tokens")
-        self.slots = torch.arange(self.filled, self.filled + n, device=self.key_valid.device)
-        self.filled += n
+    def _measure_rows(self) -> None:
+        """`end` and `aligned` from the rows' ends (one device sync, only after a call with padding)."""
+        shortest, self.end = self.row_end.aminmax() if self.rows else (0, 0)
+        self.end, self.aligned = int(self.end), int(shortest) == int(self.end)
+
+    def _grow(self, capacity: int) -> None:
         for cache in self.caches:
-            cache.self_attn.slots = self.slots
-        return self.slots
+            cache.self_attn.grow(capacity, self.end)
+        self.capacity = capacity
+        self.slot_index = torch.arange(capacity, device=self.row_end.device)
 
-    @staticmethod
-    def write_slots(key_valid: torch.Tensor, key_positions: torch.Tensor, slots: torch.Tensor,
-                    valid: torch.Tensor, positions: torch.Tensor) -> None:
-        """Record the new keys' validity and positions at `slots`, in place (a compiled step does
-        this inside its graph)."""
-        key_valid.index_copy_(1, slots, valid)
-        key_positions.index_copy_(1, slots, positions)
-
-    @staticmethod
-    def mask_at(key_valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """(B, 1, n, capacity) for the n tokens just written at `slots`: each sees the valid keys up
-        to its own slot, and itself (a pad query too, so no row is all masked)."""
-        keys, query = torch.arange(key_valid.shape[1], device=key_valid.device), slots[:, None]
-        return (key_valid[:, None, None, :] & (keys <= query)) | (keys == query)
-
-    def slot_mask(self) -> torch.Tensor:
-        """The mask of the tokens the last `append` wrote (see `mask_at`)."""
-        return self.mask_at(self.key_valid, self.slots)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (beam search's surviving hypotheses), caches included."""
+    def reorder(self, rows: torch.Tensor, sources: torch.Tensor | None = None) -> None:
+        """Keep rows `rows` (beam search's surviving hypotheses, a prompt's cache copied to its
+        beams, or the rows still decoding); only the filled slots move. `sources`: the sources
+        the kept rows read (cross-attention), when some leave; None: each row stays with its
+        source, and the source's keys and values are not touched."""
+        moved = None
+        if len(rows) == self.rows:  # a beam step: most beams keep their own row
+            moved = (rows != torch.arange(len(rows), device=rows.device)).nonzero().squeeze(1)
         for cache in self.caches:
-            cache.reorder(index)
-        self.key_valid = self.key_valid.index_select(0, index)  # (fixed: a copy, so never shared with another state)
-        self.key_positions = self.key_positions.index_select(0, index)
-        self.next_position = self.next_position.index_select(0, index)
-        if self.context_mask is not None:
-            self.context_mask = self.context_mask.index_select(0, index)
+            cache.self_attn.select(rows, self.end, moved)
+            if sources is not None and cache.cross_attn.k is not None:
+                cache.cross_attn.select(sources, 0)
+        self.row_end = self.row_end.index_select(0, rows)
+        if sources is not None and not self.aligned:  # the rows left behind may have been the longer ones
+            self._measure_rows()
+        if sources is not None and self.context_mask is not None:
+            self.context_mask = self.context_mask.index_select(0, sources)
         if self.last_clean_hidden is not None:
-            self.last_clean_hidden = self.last_clean_hidden.index_select(0, index)
+            self.last_clean_hidden = self.last_clean_hidden.index_select(0, rows)
 
-    def fork(self) -> "DecodeState":
-        """A state that reads this one's caches but whose appends stay its own."""
-        return replace(self, caches=[cache.fork() for cache in self.caches])
-
-    def truncate(self, n: int) -> None:
-        """Keep the first n keys: block diffusion drops a trial block's keys after a step."""
-        for cache in self.caches:
-            cache.truncate(n)
-        if self.capacity is not None:
-            self.key_valid[:, n:] = False
-            self.filled = n
-        else:
-            self.key_valid, self.key_positions = self.key_valid[:, :n], self.key_positions[:, :n]
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep rows `rows` of a state with one row per source (greedy decoding's compaction)."""
+        self.reorder(rows, sources=rows)

@@ -167,8 +167,8 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
 
         In place (nn.Module.compile), so state-dict keys stay clean and a checkpoint loads into an
         eager model; the stacks, because every family path goes through their forward. `dynamic`:
-        batches vary in length. Generation runs eagerly (`_eager_generation`): its growing caches
-        would make a new graph at nearly every step, for kernels too small to gain.
+        batches vary in length. Generation runs these stacks eagerly (`_eager_generation`): a decoding
+        call is compiled whole, with its mask and cache writes, by `generation.compile`.
         """
         if self.compile_model and not self._compiled:
             for stack in self.attention_stacks().values():

@@ -28,7 +28,8 @@ def beam_search(
     """Best hypothesis per source, without bos / eos.
 
     `state` holds batch_size * beam_size rows (beams of one source adjacent) and has a
-    `reorder(index)` method; `step(last_tokens (N, 1), state) -> log-probabilities (N, V)`
+    `reorder(rows, sources=None)` method (a DecodeState: rows move within their sources at each
+    step, and sources leave with their rows at compaction); `step(last_tokens (N, 1), state) -> log-probabilities (N, V)`
     advances it by one token. A finished beam (eos, or max_lengths tokens) keeps its score and only extends with eos.
     Beams are ranked by raw log-probability while searching and by score / length penalty
     at the end. With beam_size 1 this is exactly greedy decoding. `compact`: a source whose
@@ -69,7 +70,7 @@ def beam_search(
             best.update(_best(tokens, scores, lengths, live, sources_done, k, alpha, eos_id))
             keep = (~sources_done).nonzero().squeeze(1)
             rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
-            state.reorder(rows)
+            state.reorder(rows, sources=keep)
             tokens, finished, lengths, row_max = (x.index_select(0, rows) for x in (tokens, finished, lengths, row_max))
             scores, live, n = scores.index_select(0, keep), live[keep], len(keep)
     best.update(_best(tokens, scores, lengths, live, torch.ones(n, dtype=torch.bool, device=device), k, alpha, eos_id))

@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from attnlab.generation.loop import compaction_due, fixed_capacity, left_pad, row_budgets, strip_after_eos
+from attnlab.generation.compiled_step import step_runner
+from attnlab.generation.loop import compaction_due, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random", "threshold", "first_hitting")
@@ -37,54 +38,48 @@ def propose(logits: torch.Tensor, sampling: SamplingConfig, unmasking: str,
     return proposal, logits.float().log_softmax(-1).gather(-1, proposal[..., None]).squeeze(-1)
 
 
+def reveal(block, logits, calls: int, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
+           generator: torch.Generator | None = None, threshold: float = 0.9) -> torch.Tensor:
+    """One denoising call's choice: the (B, n) block with some masked positions revealed from the
+    call's logits (B, n, V); `calls`: how many calls this block has had (the schedule's step).
+
+    confidence / random: the schedule's count of the most confident (or random) positions, so a
+    block takes `steps` calls; threshold: every masked position whose proposal has probability
+    >= `threshold`, and at least the most confident one per row (Fast-dLLM's rule: easy blocks
+    finish in one call, hard ones take up to one per token); first_hitting (BD3-LM's sampler): one
+    uniformly chosen masked position per row, its token drawn (per `sampling`) from that
+    position's distribution alone, unlike confidence ordering, which favours low-entropy tokens.
+    A row with nothing masked is left as it is."""
+    masked = block == mask_id
+    if unmasking == "first_hitting":
+        rows = torch.arange(block.shape[0], device=block.device)
+        pick = torch.rand(block.shape, generator=generator, device=block.device)
+        position = pick.masked_fill(~masked, -1.0).argmax(dim=1)
+        token = choose_next(logits[rows, position], sampling, generator)
+        return block.index_put((rows, position), torch.where(masked[rows, position], token, block[rows, position]))
+    proposal, score = propose(logits, sampling, unmasking, generator)
+    score = score.masked_fill(~masked, float("-inf"))
+    if unmasking == "threshold":
+        floor = math.log(threshold) if threshold > 0 else float("-inf")
+        # tau = 1 is one token a call even where float32 rounds a probability to exactly 1
+        chosen = masked & (score >= floor) if threshold < 1 else torch.zeros_like(masked)
+        best = score.argmax(dim=1, keepdim=True)
+        chosen = chosen.scatter(1, best, masked.gather(1, best))  # progress on every row still masked
+        return torch.where(chosen, proposal, block)
+    count = unmask_schedule(block.shape[1], steps)[calls]
+    chosen = score.topk(count, dim=1).indices
+    return block.scatter(1, chosen, torch.where(masked.gather(1, chosen), proposal.gather(1, chosen),
+                                                 block.gather(1, chosen)))
+
+
 def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
                   generator: torch.Generator | None = None, threshold: float = 0.9) -> torch.Tensor:
-    """Turn an all-mask (B, n) block into tokens: in `steps` model calls (confidence, random), or,
-    with unmasking "threshold", revealing each call every masked position whose proposal has
-    probability >= `threshold` (at least the most confident one per row), until the block is clean."""
-    if unmasking == "threshold":
-        return _denoise_by_threshold(block, logits_of, mask_id, sampling, threshold, generator)
-    if unmasking == "first_hitting":
-        return _denoise_first_hitting(block, logits_of, mask_id, sampling, generator)
-    for count in unmask_schedule(block.shape[1], steps):
-        proposal, score = propose(logits_of(block), sampling, unmasking, generator)
-        score = score.masked_fill(block != mask_id, float("-inf"))
-        reveal = score.topk(count, dim=1).indices
-        block = block.scatter(1, reveal, proposal.gather(1, reveal))
-    return block
-
-
-def _denoise_by_threshold(block, logits_of, mask_id: int, sampling: SamplingConfig, threshold: float,
-                          generator: torch.Generator | None) -> torch.Tensor:
-    """Adaptive parallel decoding (Fast-dLLM's rule): easy blocks finish in one call, hard ones
-    take up to one call per token. A row whose block is clean waits for the others unchanged."""
-    floor = math.log(threshold) if threshold > 0 else float("-inf")
-    while True:
-        masked = block == mask_id
-        if not bool(masked.any()):
-            return block
-        proposal, score = propose(logits_of(block), sampling, "threshold", generator)
-        score = score.masked_fill(~masked, float("-inf"))
-        # tau = 1 is one token a call even where float32 rounds a probability to exactly 1
-        reveal = masked & (score >= floor) if threshold < 1 else torch.zeros_like(masked)
-        best = score.argmax(dim=1, keepdim=True)
-        reveal = reveal.scatter(1, best, masked.gather(1, best))  # progress on every row still masked
-        block = torch.where(reveal, proposal, block)
-
-
-def _denoise_first_hitting(block, logits_of, mask_id: int, sampling: SamplingConfig,
-                           generator: torch.Generator | None) -> torch.Tensor:
-    """BD3-LM's first-hitting sampler: each call reveals exactly one masked position per row,
-    chosen uniformly at random, its token drawn (per `sampling`) from that position's
-    distribution alone. Unlike confidence ordering it does not favour low-entropy tokens."""
-    rows = torch.arange(block.shape[0], device=block.device)
-    for _ in range(block.shape[1]):
-        logits = logits_of(block)
-        pick = torch.rand(block.shape, generator=generator, device=block.device)
-        position = pick.masked_fill(block != mask_id, -1.0).argmax(dim=1)
-        token = choose_next(logits[rows, position], sampling, generator)
-        block = block.clone()
-        block[rows, position] = token
+    """Turn a (B, n) block into tokens, calling `logits_of(block)` and `reveal` until nothing is
+    masked: one block on its own, as `sample_blocks` denoises each row's blocks."""
+    calls = 0
+    while bool((block == mask_id).any()):
+        block = reveal(block, logits_of(block), calls, steps, mask_id, sampling, unmasking, generator, threshold)
+        calls += 1
     return block
 
 
@@ -103,45 +98,63 @@ def sample_blocks(
     threshold: float = 0.9,
     generator: torch.Generator | None = None,
     compact: bool = True,
-    fixed: bool = False,
+    ragged: bool = True,
     compiled: bool = False,
 ) -> list[list[int]]:
     """Generate after each prompt until every row has produced eos or its budget of tokens
     (`max_new_tokens`: one int, or one per row) is out; a row is cut to its own budget.
-    `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
-    `fixed`: a fixed-capacity cache; `compiled`: that, and each model call compiled (no compaction)."""
+
+    `ragged`: each row moves through its own blocks: a row whose block is clean commits it (in
+    the next call, with the other rows' commits) and starts its next block while the others keep
+    denoising, so threshold decoding makes as many calls per row as the row alone would
+    (without: the batch waits for its slowest row's block). Confidence, random and first-hitting
+    blocks take the same number of calls on every row, so they move in step either way.
+    `compact`: in deterministic decoding finished rows leave the batch (the same outputs, less
+    compute). `compiled`: each model call compiled (no compaction)."""
     device = next(model.parameters()).device
     mask_id = model.mask_id
     tokens, valid = left_pad(prompts, pad_id, device)
     rows = len(prompts)
     budgets = row_budgets(max_new_tokens, rows, device)
     n_blocks = max(int(budgets.max()) + block_size - 1, 0) // block_size if rows else 0
-    # A fixed cache holds the prompt and every block, the last one's trial included.
-    capacity = fixed_capacity(tokens.shape[1], torch.tensor([n_blocks * block_size]), fixed or compiled)
-    state = model.new_state(rows, device, capacity)
-    to_commit = [(tokens, valid)]  # joins the cache in the next call
-
-    def logits_of(x):
-        clean, clean_valid = to_commit.pop() if to_commit else (None, None)
-        return model.advance(clean, clean_valid, x, state, compiled)
-
-    done = budgets <= 0
+    if not n_blocks:
+        return [[] for _ in prompts]
+    # The prompt, every block, and the last one's trial (its clean predecessor joins in the same call).
+    state = model.new_state(rows, tokens.shape[1] + (n_blocks + 1) * block_size, device)
+    run = step_runner(compiled)
     compact = compact and not compiled
     deterministic = sampling.temperature == 0.0 and unmasking not in ("random", "first_hitting")  # see token_loop on sampling
     out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch
-    for b in range(n_blocks):
-        empty = torch.full((len(live), block_size), mask_id, dtype=torch.long, device=device)
-        block = denoise_block(empty, logits_of, steps, mask_id, sampling, unmasking, generator, threshold)
-        out[live, b * block_size : (b + 1) * block_size] = block
-        done = done | (block == eos_id).any(dim=1) | ((b + 1) * block_size >= budgets[live])
+    done = budgets <= 0
+    blocks_done = torch.zeros(rows, dtype=torch.long, device=device)  # per row in the batch
+    block = torch.full((rows, block_size), mask_id, dtype=torch.long, device=device)
+    clean, clean_valid = tokens, valid  # joins the cache in the next call
+    calls = 0  # calls on the current block (the same for every row, unless threshold-ragged)
+    while True:
+        logits = model.advance(clean, clean_valid, block, state, run)
+        block = reveal(block, logits, calls, steps, mask_id, sampling, unmasking, generator, threshold)
+        calls += 1
+        ready = (block != mask_id).all(dim=1) & ~done
+        if not ragged and not bool((ready | done).all()):
+            clean = None
+            continue
+        if not bool(ready.any()):
+            clean = None
+            continue
+        columns = blocks_done[:, None] * block_size + torch.arange(block_size, device=device)
+        at = ready.nonzero().squeeze(1)
+        out[live[at, None], columns[at]] = block[at]
+        blocks_done = blocks_done + ready.long()
+        done = done | (ready & ((block == eos_id).any(dim=1) | (blocks_done * block_size >= budgets[live])))
         if bool(done.all()):
             break
+        clean, clean_valid = block, (ready & ~done)[:, None].expand_as(block)
+        block = torch.where(ready[:, None], mask_id, block)
+        calls = 0
         if compact and deterministic and compaction_due(done):  # finished rows leave the batch and its caches
             keep = (~done).nonzero().squeeze(1)
-            state.reorder(keep)
-            live, block, done = live[keep], block[keep], done[keep]
-        to_commit.append((block, torch.ones_like(block, dtype=torch.bool)))
-    if not n_blocks:
-        return [[] for _ in prompts]
+            state.keep(keep)
+            live, block, done, blocks_done = live[keep], block[keep], done[keep], blocks_done[keep]
+            clean, clean_valid = clean[keep], clean_valid[keep]
     return strip_after_eos(out, eos_id, budgets)

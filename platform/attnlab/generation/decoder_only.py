@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.compiled_step import fixed_stepper
-from attnlab.generation.loop import fixed_capacity, left_pad, row_budgets, token_loop
+from attnlab.generation.compiled_step import step_runner
+from attnlab.generation.loop import capacity_for, left_pad, row_budgets, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
@@ -21,51 +21,45 @@ def generate(
     generator: torch.Generator | None = None,
     return_logits: bool = False,
     compact: bool = True,
-    fixed: bool = False,
     compiled: bool = False,
 ):
     """Continue each prompt until eos or its budget (`max_new_tokens`: one int, or one per row);
     returns token lists without eos (and the (B, steps, V) logits with `return_logits`).
     `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
-    `fixed`: a fixed-capacity cache; `compiled`: that, and each token's step compiled (no
-    compaction then: a smaller batch would be a new shape to compile)."""
+    `compiled`: each token's step compiled (no compaction then: a smaller batch would be a new
+    shape to compile)."""
     device = next(model.parameters()).device
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, len(prompts), device)
-    state = model.new_state(len(prompts), device, fixed_capacity(tokens.shape[1], budgets, fixed or compiled))
-    first = model(tokens, valid, state)[:, -1]
-    step = _next_logits(model, state, compiled)
-    return token_loop(lambda token, ok: step(token[:, None], ok[:, None]), first, budgets, eos_id=eos_id,
-                      pad_id=pad_id, sampling=sampling, generator=generator, return_logits=return_logits,
-                      compact=state.reorder if compact and not compiled else None)
+    state = model.new_state(len(prompts), capacity_for(tokens.shape[1], budgets), device)
+    run = step_runner(compiled)
+    first = state.forward(model.stack, tokens, valid, last_only=True, run=run)
 
+    def step(token, ok):
+        return state.forward(model.stack, token[:, None], ok[:, None], last_only=True, run=run)
 
-def _next_logits(model, state, compiled: bool):
-    """Logits (B, V) after feeding tokens (B, 1) with validity (B, 1) (None: all real) to the state."""
-    if state.capacity is None:
-        return lambda tokens, valid: model(tokens, valid, state)[:, -1]
-    return fixed_stepper(model.stack, state, compiled)
+    return token_loop(step, first, budgets, eos_id=eos_id, pad_id=pad_id, sampling=sampling, generator=generator,
+                      return_logits=return_logits, compact=state.keep if compact and not compiled else None)
 
 
 @torch.no_grad()
 def generate_beam(model, prompts: list[list[int]], *, max_new_tokens: int | torch.Tensor, eos_id: int, pad_id: int,
-                  beam_size: int, alpha: float, compact: bool = True, fixed: bool = False,
-                  compiled: bool = False) -> list[list[int]]:
+                  beam_size: int, alpha: float, compact: bool = True, compiled: bool = False) -> list[list[int]]:
     """Beam search after the prompts: each prompt runs once, then its cache is copied to each beam.
-    `fixed` / `compiled`: as in `generate` (compiled beams keep finished sources in the batch)."""
+    `compiled`: as in `generate` (compiled beams keep finished sources in the batch)."""
     device = next(model.parameters()).device
     n = len(prompts)
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, n, device)
-    state = model.new_state(n, device, fixed_capacity(tokens.shape[1], budgets, fixed or compiled))
-    after_prompt = model(tokens, valid, state)[:, -1].log_softmax(dim=-1)
+    state = model.new_state(n, capacity_for(tokens.shape[1], budgets), device)
+    after_prompt = state.forward(model.stack, tokens, valid, last_only=True).log_softmax(dim=-1)
     state.reorder(torch.arange(n, device=device).repeat_interleave(beam_size))
     pending = [after_prompt.repeat_interleave(beam_size, dim=0)]
-    next_logits = _next_logits(model, state, compiled)
+    run = step_runner(compiled)
 
     def step(last_tokens, st):
         if pending:  # the first step continues the prompt, already computed
             return pending.pop()
-        return next_logits(last_tokens, None).log_softmax(dim=-1)
+        return state.forward(model.stack, last_tokens, last_only=True, run=run).log_softmax(dim=-1)
 
     return beam_search(step, state, n, beam_size, pad_id, eos_id, budgets, alpha, compact=compact and not compiled)

@@ -25,14 +25,10 @@ def row_budgets(max_new_tokens, rows: int, device) -> torch.Tensor:
     return torch.as_tensor(max_new_tokens, dtype=torch.long, device=device).expand(rows).clone()
 
 
-def fixed_capacity(prefix: int, budgets: torch.Tensor, fixed: bool = True, multiple: int = 64) -> int | None:
-    """Slots a fixed cache needs (None unless `fixed`: a growing cache): the prefix plus the
-    longest budget (the last token chosen is never fed back, but one spare slot costs nothing),
-    rounded up so that batches of nearby lengths share one compiled shape."""
-    if not fixed:
-        return None
-    needed = prefix + max(int(budgets.max()), 0) if len(budgets) else prefix
-    return -(-max(needed, 1) // multiple) * multiple
+def capacity_for(prefix: int, budgets: torch.Tensor) -> int:
+    """Slots a decode's caches need so that they never grow: the prefix plus the longest budget
+    (the last token chosen is never fed back, but one spare slot costs nothing)."""
+    return prefix + max(int(budgets.max()), 0) if len(budgets) else prefix
 
 
 def strip_after_eos(rows: torch.Tensor, eos_id: int, budgets: torch.Tensor | None = None) -> list[list[int]]:

@@ -15,14 +15,9 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
-from attnlab.components.masks import (
-    block_diffusion_flex_mask,
-    block_diffusion_mask,
-    block_diffusion_visible,
-    self_mask,
-)
+from attnlab.components.kv_cache import cached_forward
+from attnlab.components.masks import block_diffusion_flex_mask, block_diffusion_mask
 from attnlab.errors import ConfigError
-from attnlab.generation.compiled_step import stack_step
 
 MASK_BACKENDS = ("auto", "dense", "flex")
 CONTEXTS = ("block_causal", "causal")
@@ -108,95 +103,39 @@ class BlockDiffusionModel(nn.Module):
         return self.stack(tokens, positions, mask=mask, need_weights=need_weights)
 
     # ---- incremental: the sampler's path ---------------------------------------------------------
-    def new_state(self, batch_size: int, device=None, capacity: int | None = None) -> DecodeState:
-        """A growing state, or with `capacity` a fixed one (see DecodeState.fixed)."""
-        return DecodeState.new(len(self.stack.layers), batch_size, device, capacity)
+    def new_state(self, batch_size: int, capacity: int, device=None) -> DecodeState:
+        """A decoding state whose caches hold `capacity` tokens per row before they grow."""
+        return DecodeState.new(len(self.stack.layers), batch_size, capacity, device)
 
-    def advance(self, clean, clean_valid, noisy, state: DecodeState, compiled: bool = False) -> torch.Tensor:
+    def advance(self, clean, clean_valid, noisy, state: DecodeState, run=cached_forward) -> torch.Tensor:
         """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.
 
-        `clean` (the prompt, with `clean_valid` marking its left padding, or the block just
-        finished; None for none) joins the cache in the same forward pass: its tokens see the
-        cache and each other, never the noisy block. The noisy block's keys are dropped again,
-        so denoising a block costs one call per step and nothing extra to commit it.
+        `clean` (the prompt, with `clean_valid` marking its left padding, or each row's block just
+        finished, with `clean_valid` False on rows that finished none; None for none) joins the
+        cache in the same call: its tokens see the cache and each other (causally with a causal
+        context), never the noisy block. The noisy block is a trial (`DecodeState.forward`): its
+        keys are not kept, so denoising a block costs one call per step and nothing to commit it.
+        `run`: the call, eager or compiled (see `DecodeState.forward`).
         """
-        rows, device = noisy.shape[0], noisy.device
-        if clean is None:
-            clean = noisy.new_zeros(rows, 0)
-            clean_valid = torch.ones_like(clean, dtype=torch.bool)
-        if state.capacity is not None:
-            return self._advance_fixed(clean, clean_valid, noisy, state, compiled)
-        n_cached, n_clean = len(state), clean.shape[1]
-        trial = state.fork()  # the noisy block's keys stay in the fork, dropped after this call
-        trial.append(clean_valid, state.positions_of(clean_valid))
-        noisy_valid = torch.ones_like(noisy, dtype=torch.bool)
-        trial.append(noisy_valid, trial.positions_of(noisy_valid))
-        key_valid, key_positions = trial.key_valid, trial.key_positions
-        n_queries, n_keys = n_clean + noisy.shape[1], key_valid.shape[1]
-        if n_clean == 0 and bool(key_valid.all()):
-            mask = None  # a noisy block alone after an unpadded cache sees every key
-        else:  # the training rule, with the cache as block 0, `clean` as block 1, the noisy block as 2
-            index = torch.arange(n_keys, device=device)
-            noisy_key = index >= n_cached + n_clean
-            key_blocks = torch.where(key_valid, (index >= n_cached).long() + noisy_key.long(), -1)
-            query_blocks, noisy_query = key_blocks[:, n_cached:], noisy_key[n_cached:]
-            visible = block_diffusion_visible(
-                query_blocks[:, :, None], key_blocks[:, None, :], noisy_query[:, None], noisy_key[None, :],
-                self._clean_order(index, index[n_cached:]),
-            )
-            mask = visible[:, None] | self_mask(n_queries, n_keys, device)
-        hidden, _ = self.stack(
-            torch.cat((clean, noisy), dim=1), key_positions[:, n_cached:],
-            mask=mask, key_positions=key_positions, caches=trial.caches,
-        )
-        trial.truncate(n_cached + n_clean)
-        trial.next_position = trial.next_position - noisy.shape[1]
-        state.caches, state.key_valid, state.key_positions = trial.caches, trial.key_valid, trial.key_positions
-        state.next_position, state.padded = trial.next_position, trial.padded
-        return self._block_logits(hidden, n_clean, state)
+        n_clean = 0 if clean is None else clean.shape[1]
+        tokens, valid = noisy, None
+        if n_clean:
+            tokens = torch.cat((clean, noisy), dim=1)
+            valid = torch.cat((clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1)
+        hidden = state.forward(self.stack, tokens, valid, noisy=noisy.shape[1], causal=self.causal, run=run)
+        return self._block_logits(hidden, n_clean, None if valid is None else clean_valid[:, -1], state)
 
-    def _clean_order(self, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor | None:
-        """With a causal context, (Lq, Lk): key index <= query index (the queries' slots)."""
-        return keys[None, :] <= queries[:, None] if self.causal else None
-
-    def _block_logits(self, hidden: torch.Tensor, n_clean: int, state: DecodeState) -> torch.Tensor:
+    def _block_logits(self, hidden: torch.Tensor, n_clean: int, committed, state: DecodeState) -> torch.Tensor:
         """Logits of the noisy block from a call's hidden states (clean tokens first). With shift,
-        the last clean token predicts the block's first token: a call with clean tokens records
-        it in the state, the block's later calls (no clean tokens) reuse it; it never changes
+        the last clean token predicts the block's first token: a row that committed clean tokens
+        (`committed`) records it in the state, its block's later calls reuse it; it never changes
         while the block is denoised, since clean tokens never see noisy ones."""
         if not self.shift:
             return self.logits(hidden[:, n_clean:])
         if n_clean:
-            state.last_clean_hidden = hidden[:, n_clean - 1]
+            last = hidden[:, n_clean - 1]
+            previous = state.last_clean_hidden
+            state.last_clean_hidden = last if previous is None else torch.where(committed[:, None], last, previous)
         if state.last_clean_hidden is None:
             raise ValueError("a shifted block needs a clean token before it: start with the prompt")
         return self.logits(torch.cat((state.last_clean_hidden[:, None], hidden[:, n_clean:-1]), dim=1))
-
-    def _advance_fixed(self, clean, clean_valid, noisy, state: DecodeState, compiled: bool) -> torch.Tensor:
-        """`advance` over a fixed state: clean and noisy tokens are written at the next slots in
-        place, the mask spans the whole buffer, and the noisy slots are hidden again afterwards
-        (the next call overwrites them), so every call has the shapes a compiled step reuses."""
-        n_cached, n_clean, n_noisy = len(state), clean.shape[1], noisy.shape[1]
-        clean_positions = state.positions_of(clean_valid)
-        after_clean = state.next_position + clean_valid.long().sum(1)
-        noisy_positions = after_clean[:, None] + torch.arange(n_noisy, device=noisy.device)
-        positions = torch.cat((clean_positions, noisy_positions), dim=1)
-        self.stack.positional.check_positions(positions)
-        state.append(torch.cat((clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1), positions)
-        index = torch.arange(state.capacity, device=noisy.device)
-        noisy_key = index >= n_cached + n_clean
-        key_blocks = torch.where(state.key_valid, (index >= n_cached).long() + noisy_key.long(), -1)
-        query_blocks, noisy_query = key_blocks[:, n_cached : state.filled], noisy_key[n_cached : state.filled]
-        query_slots = torch.arange(n_cached, state.filled, device=noisy.device)
-        visible = block_diffusion_visible(
-            query_blocks[:, :, None], key_blocks[:, None, :], noisy_query[:, None], noisy_key[None, :],
-            self._clean_order(index, query_slots),
-        )
-        itself = index == query_slots[:, None]
-        hidden = stack_step(self.stack, compiled)(
-            torch.cat((clean, noisy), dim=1), positions, visible[:, None] | itself, state.key_positions,
-            state.caches, None,
-        )
-        state.truncate(n_cached + n_clean)
-        state.next_position = after_clean
-        return self._block_logits(hidden, n_clean, state)

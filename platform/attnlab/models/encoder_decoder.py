@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
-from attnlab.components.masks import causal_mask, causal_padding_mask, padding_mask
+from attnlab.components.masks import padding_mask
 
 
 @dataclass
@@ -50,36 +50,15 @@ class EncoderDecoderModel(nn.Module):
 
     def decode(self, target_in: torch.Tensor, source: EncodedSource | None = None, state: DecodeState | None = None,
                valid: torch.Tensor | None = None, need_weights: bool = False):
-        """Decoder hidden states for `target_in`: right-padded targets against `source` in training,
-        or the next tokens against a `state` from `start_state` (which holds the source's K/V);
-        `valid` marks left padding of decoder prefixes of different lengths (continuing text)."""
-        past = len(state) if state is not None else 0
-        n = target_in.shape[1]
-        positions = torch.arange(past, past + n, device=target_in.device)
-        key_positions = torch.arange(past + n, device=target_in.device)
-        if state is None:  # training: pads only follow real tokens, so causal alone is exact
-            mask, is_causal = None, True
-            context, context_mask = source.memory, source.mask
-        elif state.capacity is not None:  # fixed layout: the whole buffer, masked
-            is_causal, context, context_mask = False, None, state.context_mask
-            valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
-            positions = state.place(valid)
-            mask, key_positions = state.slot_mask(), state.key_positions
-        else:
-            is_causal = False
-            context, context_mask = None, state.context_mask
-            valid = torch.ones_like(target_in, dtype=torch.bool) if valid is None else valid
-            row_positions = state.place(valid)
-            if state.padded:  # left-padded prefixes: positions count real tokens, pads are hidden
-                positions, key_positions = row_positions, state.key_positions
-                mask = causal_padding_mask(state.key_valid, n)
-            else:
-                mask = causal_mask(n, past + n, target_in.device) if n > 1 else None
-        return self.decoder(
-            target_in, positions, mask=mask, is_causal=is_causal, key_positions=key_positions,
-            context=context, context_mask=context_mask,
-            caches=state.caches if state is not None else None, need_weights=need_weights,
-        )
+        """Decoder hidden states for `target_in`: right-padded targets against `source` in training
+        (pads only follow real tokens, so causal alone is exact), or the next tokens against a
+        `state` from `start_state`, which holds the source's K/V (`valid`: left padding of decoder
+        prefixes of different lengths, when continuing text)."""
+        if state is not None:
+            return state.forward(self.decoder, target_in, valid), []
+        positions = torch.arange(target_in.shape[1], device=target_in.device)
+        return self.decoder(target_in, positions, is_causal=True, context=source.memory, context_mask=source.mask,
+                            need_weights=need_weights)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.decoder.embedding.logits(hidden)
@@ -89,13 +68,12 @@ class EncoderDecoderModel(nn.Module):
         hidden, _ = self.decode(target_in, encoded)
         return self.logits(hidden)
 
-    def start_state(self, source: EncodedSource, repeat: int = 1, capacity: int | None = None) -> DecodeState:
-        """A decoding state whose cross-attention K/V are computed once per source, then repeated
-        per beam; the memory itself is not kept (nor copied per beam step), only its mask.
-        `capacity`: a fixed-capacity self-attention cache (DecodeState.fixed)."""
-        mask = source.mask.repeat_interleave(repeat, 0)
-        state = DecodeState.new(len(self.decoder.layers), len(mask), mask.device, capacity, context_mask=mask)
+    def start_state(self, source: EncodedSource, capacity: int, beams: int = 1) -> DecodeState:
+        """A decoding state of `beams` rows per source whose cross-attention K/V are computed once
+        per source and never copied: a source's beams read them together (see MultiHeadAttention);
+        the memory itself is not kept, only its mask. `capacity`: decoder tokens per row."""
+        rows = len(source.mask) * beams
+        state = DecodeState.new(len(self.decoder.layers), rows, capacity, source.mask.device, context_mask=source.mask)
         for cache, layer in zip(state.caches, self.decoder.layers):
-            k, v = layer.cross_attn.inner.project_kv(source.memory)
-            cache.cross_attn.update(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0))
+            cache.cross_attn.update(*layer.cross_attn.inner.project_kv(source.memory))
         return state
