@@ -52,8 +52,9 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
-    def prepare(self, span: int, slots: torch.Tensor) -> None:
-        """Point the next call at its slots and the first `span` slots (allocated at the first write)."""
+    def prepare(self, span: int, slots: torch.Tensor | None) -> None:
+        """Point the next call at its slots (None: the last of the first `span`, on every row) and at
+        the first `span` slots, which attention reads (allocated at the first write)."""
         self.slots, self.span = slots, span
         if self.buffers is not None:
             self.k, self.v = (buffer[:, :, :span] for buffer in self.buffers)
@@ -65,9 +66,13 @@ class KVCache:
         if self.buffers is None:
             self.buffers = tuple(x.new_zeros(*x.shape[:2], self.capacity, x.shape[3]) for x in (k, v))
             self.k, self.v = (buffer[:, :, : self.span] for buffer in self.buffers)
-        index = self.slots[:, None, :, None].expand_as(k)
-        self.k.scatter_(2, index, k)
-        self.v.scatter_(2, index, v)
+        if self.slots is None:  # every row writes the same slots: a plain copy
+            self.k[:, :, -k.shape[2]:] = k
+            self.v[:, :, -v.shape[2]:] = v
+        else:
+            index = self.slots[:, None, :, None].expand_as(k)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
         return self.k, self.v
 
     def grow(self, capacity: int, filled: int) -> None:
@@ -217,8 +222,8 @@ class DecodeState:
         limit = stack.positional.max_positions
         if limit is not None and span > limit:  # a real token's position is its slot: only now can one overflow
             stack.positional.check_positions(slots)
-        for cache in self.caches:
-            cache.self_attn.prepare(span, slots)
+        for cache in self.caches:  # aligned: every row's new tokens take the last n slots of the span
+            cache.self_attn.prepare(span, None if aligned else slots)
         out = run(stack, tokens, valid, slots, self.row_end, self.slot_index[:span], self.caches, self.context_mask,
                   noisy, causal, masked, last_only)
         self._commit(valid, n - noisy, all_valid)

@@ -56,7 +56,7 @@ def step_runner(compiled: bool):
         if caches and caches[0].self_attn.buffers is None:
             return cached_forward(stack, tokens, valid, slots, row_end, keys, caches, context_mask, noisy, causal,
                                   masked, last_only)
-        structure = (tokens.shape[1], noisy, causal, masked, last_only)
+        structure = (tokens.shape[1], noisy, causal, masked, last_only, caches[0].self_attn.slots is None)
         tensors = [x.contiguous() for x in (tokens, valid, slots, row_end, keys)]
         # Generation runs under "force_eager" when the stacks were compiled for training; this
         # step is compiled for decoding.

@@ -74,6 +74,6 @@ class EncoderDecoderModel(nn.Module):
         the memory itself is not kept, only its mask. `capacity`: decoder tokens per row."""
         rows = len(source.mask) * beams
         state = DecodeState.new(len(self.decoder.layers), rows, capacity, source.mask.device, context_mask=source.mask)
-        for cache, layer in zip(state.caches, self.decoder.layers):
-            cache.cross_attn.update(*layer.cross_attn.inner.project_kv(source.memory))
+        for cache, layer in zip(state.caches, self.decoder.layers):  # contiguous: read at every step
+            cache.cross_attn.update(*(x.contiguous() for x in layer.cross_attn.inner.project_kv(source.memory)))
         return state
