@@ -15,7 +15,7 @@ from attnlab.components import BackboneConfig
 from attnlab.families import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import sample_blocks
-from attnlab.generation.decoder_only import generate
+from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from data_modules.batch import SpecialIds
 
@@ -150,40 +150,80 @@ def training_steps(shape: BenchShape, options: Options, families: list[str], ref
     return steps, tokens, modules
 
 
-def generation_steps(shape: BenchShape, options: Options, modules: dict, references: bool, hf: bool, batch: int):
-    """{name: step} greedy generation (and the encoder-decoder's beam search) of gen_new tokens
-    after gen_prompt tokens for `batch` rows: each family eagerly and with its decode step
-    compiled over a fixed-capacity cache (`_compiled` rows; the same tokens), and the references."""
+BLOCK_STEPS = (1, 2, 4)  # block diffusion's calls per block (confidence unmasking); those above block_size are left out
+THRESHOLDS = (0.9, 0.7)  # and its adaptive rows: each call reveals every token at least this probable
+
+
+@dataclass
+class Decoding:
+    """One generation contender: `run()` generates the shape's gen_new tokens after each prompt of
+    a batch. `stack` is the module whose forward calls are its model calls (None for the compiled
+    rows: a forward hook does not see calls inside a compiled graph, so they report the calls of
+    their eager twin, the same decoding run eagerly)."""
+    family: str  # decoder_only, hf_generate, block_diffusion, encoder_decoder, torch_transformer
+    decoding: str  # greedy, beam4, steps2, tau0.9
+    compiled: bool
+    run: Callable[[], None]
+    stack: torch.nn.Module | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.decoding}" + ("_compiled" if self.compiled else "")
+
+
+def generation_steps(shape: BenchShape, options: Options, modules: dict, references: bool, hf: bool, batch: int,
+                     new: int | None = None) -> dict[str, Decoding]:
+    """{name: Decoding} for `batch` rows of gen_prompt tokens, each continued by `new` tokens
+    (default gen_new): every family's decodings (DecoderOnly greedy and beam, BlockDiffusion with
+    1, 2 and 4 steps per block and with thresholds 0.9 and 0.7, EncoderDecoder greedy and beam),
+    eagerly and with each decoding call compiled (`_compiled` rows; the same tokens), and the references (Hugging Face `generate` greedy and beam, nn.Transformer)."""
     generator = torch.Generator().manual_seed(1)
-    device, new = options.device, shape.gen_new
+    device, new = options.device, shape.gen_new if new is None else new
     prompts = random_pieces(batch, shape.gen_prompt, shape.vocab, device, generator)
     prompt_lists = prompts.tolist()
-    greedy = SamplingConfig()
-    steps = {}
+    greedy, beam = SamplingConfig(), f"beam{shape.gen_beam}"
+    out: list[Decoding] = []
+
+    def both(family: str, decoding: str, stack, make: Callable[[bool], Callable[[], None]]):
+        out.append(Decoding(family, decoding, False, make(False), stack))
+        out.append(Decoding(family, decoding, True, make(True), None))
+
     for module in modules.values():
         module.eval()
     if "decoder_only" in modules:
-        for suffix, compiled in (("", False), ("_compiled", True)):
-            steps["decoder_only" + suffix] = partial(
-                generate, modules["decoder_only"].model, prompt_lists, max_new_tokens=new, eos_id=NEVER,
-                pad_id=SPECIAL.pad, sampling=greedy, compiled=compiled)
+        model = modules["decoder_only"].model
+        both("decoder_only", "greedy", model.stack, lambda compiled: partial(
+            generate, model, prompt_lists, max_new_tokens=new, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy,
+            compiled=compiled))
+        both("decoder_only", beam, model.stack, lambda compiled: partial(
+            generate_beam, model, prompt_lists, max_new_tokens=new, eos_id=NEVER, pad_id=SPECIAL.pad,
+            beam_size=shape.gen_beam, alpha=0.6, compiled=compiled))
         if references and hf:
             gpt2 = hf_gpt2(shape).to(device).eval()
             attention = torch.ones_like(prompts)
 
-            def hf_generate():
-                with torch.no_grad():
-                    out = gpt2.generate(prompts, attention_mask=attention, max_new_tokens=new,
-                                             min_new_tokens=new, do_sample=False, pad_token_id=SPECIAL.pad)
-                assert out.shape[1] == prompts.shape[1] + new, "generate stopped early"
+            def hf_generate(**kwargs):
+                @torch.no_grad()
+                def run():
+                    # min_new_tokens: eos is suppressed until the last token, so every row (and beam) runs full length
+                    tokens = gpt2.generate(prompts, attention_mask=attention, max_new_tokens=new, min_new_tokens=new,
+                                           do_sample=False, pad_token_id=SPECIAL.pad, **kwargs)
+                    assert tokens.shape == (batch, shape.gen_prompt + new), "generate stopped early"
+                return run
 
-            steps["hf_generate"] = hf_generate
+            out.append(Decoding("hf_generate", "greedy", False, hf_generate(), gpt2.transformer))
+            out.append(Decoding("hf_generate", beam, False, hf_generate(num_beams=shape.gen_beam, early_stopping=False),
+                                gpt2.transformer))
     if "block_diffusion" in modules:
-        size = shape.block_size
-        for suffix, compiled in (("", False), ("_compiled", True)):
-            steps["block_diffusion" + suffix] = partial(
-                sample_blocks, modules["block_diffusion"].model, prompt_lists, max_new_tokens=new, block_size=size,
-                steps=size, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy, compiled=compiled)
+        model, size = modules["block_diffusion"].model, shape.block_size
+        sample = partial(sample_blocks, model, prompt_lists, max_new_tokens=new, block_size=size, eos_id=NEVER,
+                         pad_id=SPECIAL.pad, sampling=greedy)
+        for steps in (s for s in BLOCK_STEPS if s <= size):
+            both("block_diffusion", f"steps{steps}", model.stack, lambda compiled, steps=steps: partial(
+                sample, steps=steps, unmasking="confidence", compiled=compiled))
+        for tau in THRESHOLDS:
+            both("block_diffusion", f"tau{tau}", model.stack, lambda compiled, tau=tau: partial(
+                sample, steps=size, unmasking="threshold", threshold=tau, compiled=compiled))
     if "encoder_decoder" in modules:
         module = modules["encoder_decoder"]
         source = schema_batch(prompts, prompts[:, :1])
@@ -197,11 +237,12 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
                 decode(module.model, module.model.encode(source_tokens, valid)[0], **common, **kwargs)
             return run
 
-        for suffix, compiled in (("", False), ("_compiled", True)):
-            steps["encoder_decoder" + suffix] = translate(translate_greedy, sampling=greedy, compiled=compiled)
-            steps["encoder_decoder_beam" + suffix] = translate(
-                translate_beam, beam_size=shape.gen_beam, alpha=0.6, compiled=compiled)
+        both("encoder_decoder", "greedy", module.model.decoder,
+             lambda compiled: translate(translate_greedy, sampling=greedy, compiled=compiled))
+        both("encoder_decoder", beam, module.model.decoder,
+             lambda compiled: translate(translate_beam, beam_size=shape.gen_beam, alpha=0.6, compiled=compiled))
         if references and batch <= shape.reference_max_batch:
             translator = TorchTranslator(shape).to(device).eval()
-            steps["torch_transformer"] = partial(translator.greedy, prompts, SPECIAL.bos, new)
-    return steps
+            out.append(Decoding("torch_transformer", "greedy", False,
+                                partial(translator.greedy, prompts, SPECIAL.bos, new), translator.transformer.decoder))
+    return {d.name: d for d in out}

@@ -1,36 +1,82 @@
-"""The bench's verdicts (the ratios issue 6 sets as targets) and its printed table."""
+"""The bench's verdicts (the ratios issues 6 and 33 set as targets) and its printed tables."""
 from __future__ import annotations
 
-# (what, numerator, denominator, section, target: the least acceptable ratio, None = informative)
-TARGETS = [
-    ("DecoderOnly training vs HF GPT2LMHeadModel", "decoder_only", "hf_gpt2", "training", 1.5),
-    ("EncoderDecoder training vs torch.nn.Transformer", "encoder_decoder", "torch_transformer", "training", 1.2),
-    ("BlockDiffusion training vs DecoderOnly", "block_diffusion", "decoder_only", "training", 0.45),
-    ("DecoderOnly compiled generation vs HF generate, batch 1", "decoder_only_compiled", "hf_generate",
-     "generation/1", 2.0),
-    ("DecoderOnly eager generation vs HF generate, batch 1", "decoder_only", "hf_generate", "generation/1", None),
-    ("EncoderDecoder greedy, compiled vs eager, batch 1", "encoder_decoder_compiled", "encoder_decoder",
-     "generation/1", 1.0),
-    ("EncoderDecoder beam, compiled vs eager, batch 1", "encoder_decoder_beam_compiled", "encoder_decoder_beam",
-     "generation/1", 1.0),
-    ("EncoderDecoder KV-cached generation vs nn.Transformer (no cache), batch 1", "encoder_decoder",
-     "torch_transformer", "generation/1", None),
-    ("BlockDiffusion generation vs DecoderOnly, batch 1", "block_diffusion", "decoder_only", "generation/1", None),
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """`metric` of the row at path `top` over that of the row at path `bottom` (paths of keys into
+    the result: section, then batch for generation, then row); `target`: the least acceptable
+    ratio, or with `at_most` the most; None: informative only."""
+    what: str
+    top: tuple[str, ...]
+    bottom: tuple[str, ...]
+    target: float | None
+    metric: str = "tokens_per_s"
+    at_most: bool = False
+
+
+TRAINING_TARGETS = [
+    Target("DecoderOnly training vs HF GPT2LMHeadModel", ("training", "decoder_only"), ("training", "hf_gpt2"), 1.5),
+    Target("EncoderDecoder training vs torch.nn.Transformer", ("training", "encoder_decoder"),
+           ("training", "torch_transformer"), 1.2),
+    Target("BlockDiffusion training vs DecoderOnly", ("training", "block_diffusion"), ("training", "decoder_only"),
+           0.45),
 ]
+COMPILED_AT_LEAST_EAGER = [("DecoderOnly greedy", "decoder_only/greedy"), ("DecoderOnly beam", "decoder_only/{beam}"),
+                           ("EncoderDecoder greedy", "encoder_decoder/greedy"),
+                           ("EncoderDecoder beam", "encoder_decoder/{beam}")]
+HF_SPEEDUP = 2.5  # DecoderOnly compiled greedy over HF generate at batch 1
+THRESHOLD_CALLS_GROWTH = 1.1  # BlockDiffusion tau 0.9: calls per token at batch 16 over batch 1, at most
 MEMORY_GROWTH_LIMIT = 2.2  # sdpa peak at 2L over peak at L: linear growth is 2
+
+
+def generation_targets(result: dict) -> list[Target]:
+    """The generation targets at the batches the run measured (beam rows are named after their width)."""
+    batches = list(result.get("generation", {}))
+    beam = f"beam{result.get('shape', {}).get('gen_beam', 4)}"
+    rows = lambda batch, name: ("generation", batch, name.format(beam=beam))  # noqa: E731
+    targets = [
+        Target(f"{what}, compiled vs eager, batch {b}", rows(b, name + "_compiled"), rows(b, name), 1.0)
+        for b in batches for what, name in COMPILED_AT_LEAST_EAGER
+    ]
+    targets += [
+        Target("DecoderOnly compiled greedy vs HF generate greedy, batch 1", rows("1", "decoder_only/greedy_compiled"),
+               rows("1", "hf_generate/greedy"), HF_SPEEDUP),
+        Target("DecoderOnly eager greedy vs HF generate greedy, batch 1", rows("1", "decoder_only/greedy"),
+               rows("1", "hf_generate/greedy"), None),
+        Target("DecoderOnly compiled beam vs HF generate beam, batch 1", rows("1", "decoder_only/{beam}_compiled"),
+               rows("1", "hf_generate/{beam}"), None),
+        Target("EncoderDecoder KV-cached greedy vs nn.Transformer (no cache), batch 1",
+               rows("1", "encoder_decoder/greedy"), rows("1", "torch_transformer/greedy"), None),
+        Target("BlockDiffusion tau 0.9 vs DecoderOnly greedy, batch 1", rows("1", "block_diffusion/tau0.9"),
+               rows("1", "decoder_only/greedy"), None),
+        Target("BlockDiffusion tau 0.9 calls per token, batch 16 over batch 1", rows("16", "block_diffusion/tau0.9"),
+               rows("1", "block_diffusion/tau0.9"), THRESHOLD_CALLS_GROWTH, metric="calls_per_token", at_most=True),
+    ]
+    return targets
+
+
+def _row(result: dict, path: tuple[str, ...]) -> dict | None:
+    for key in path:
+        if not isinstance(result, dict) or key not in result:
+            return None
+        result = result[key]
+    return result
 
 
 def check_targets(result: dict) -> list[dict]:
     """Each ratio the run can compute, its target (None: informative only) and whether it holds."""
     checks = []
-    for what, top, bottom, section, target in TARGETS:
-        rows = result
-        for key in section.split("/"):  # "generation/1": the batch-1 rows
-            rows = rows.get(key, {})
-        if top in rows and bottom in rows:
-            ratio = rows[top]["tokens_per_s"] / rows[bottom]["tokens_per_s"]
-            checks.append({"what": what, "ratio": ratio, "target": target,
-                           "holds": None if target is None else ratio >= target})
+    for t in TRAINING_TARGETS + generation_targets(result):
+        top, bottom = _row(result, t.top), _row(result, t.bottom)
+        if top is None or bottom is None or not top.get(t.metric) or not bottom.get(t.metric):
+            continue  # no rows (or no measure), no verdict
+        ratio = top[t.metric] / bottom[t.metric]
+        check = {"what": t.what, "ratio": ratio, "target": t.target,
+                 "holds": None if t.target is None else (ratio <= t.target if t.at_most else ratio >= t.target)}
+        checks.append(check | ({"at_most": True} if t.at_most else {}))
     sdpa = result.get("memory", {}).get("sdpa", {})
     lengths = sorted(sdpa, key=int)
     if len(lengths) >= 2 and lengths[-1] == 2 * lengths[-2] and sdpa[lengths[-2]] > 0:  # tiny lengths can read 0
@@ -44,6 +90,24 @@ def check_targets(result: dict) -> list[dict]:
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _generation_table(batch: str, rows: dict, new_tokens) -> str:
+    """One row per (family, decoding): tokens/s and ms per token eager and compiled, calls per token."""
+    def cell(row, key, spec):
+        return "-" if row is None or row.get(key) is None else format(row[key], spec)
+
+    lines = []
+    for name, eager in rows.items():
+        if eager.get("mode") == "compiled":
+            continue
+        compiled = rows.get(name + "_compiled")
+        lines.append([name, cell(eager, "tokens_per_s", ",.0f"), cell(compiled, "tokens_per_s", ",.0f"),
+                      cell(eager, "calls_per_token", ".2f"), cell(eager, "ms_per_token", ".2f"),
+                      cell(compiled, "ms_per_token", ".2f")])
+    header = [f"generation, batch {batch} ({new_tokens} new tokens a row)", "tokens/s eager", "tokens/s compiled",
+              "calls/token", "ms/token eager", "ms/token compiled"]
+    return _table(header, lines)
 
 
 def format_report(result: dict) -> str:
@@ -62,11 +126,12 @@ def format_report(result: dict) -> str:
         out += ["", f"peak matmul TFLOP/s by size, interleaved with the models: {sizes}; "
                     f"measured peak {peaks['measured'] / 1e12:.3f}{raised}"]
     if result.get("generation"):
-        batches = list(result["generation"])
-        names = list(dict.fromkeys(name for per in result["generation"].values() for name in per))
-        rows = [[name] + [f"{result['generation'][b][name]['tokens_per_s']:,.0f}" if name in result["generation"][b]
-                          else "-" for b in batches] for name in names]
-        out += ["", _table(["generation, new tokens/s"] + [f"batch {b}" for b in batches], rows)]
+        new_tokens = result.get("shape", {}).get("gen_new", "?")
+        for batch, rows in result["generation"].items():
+            out += ["", _generation_table(batch, rows, new_tokens)]
+        out += ["", "calls/token: model calls (forwards of the decoding stack, the prompt's included) per new token "
+                    "of a row, counted eagerly (compiled decoding runs the same algorithm). ms/token: seconds per "
+                    "call over the new tokens of a row, what one row waits per token."]
     if result.get("memory"):
         per_backend = {k: v for k, v in result["memory"].items() if k != "gqa"}
         lengths = sorted({n for per in per_backend.values() for n in per}, key=int)  # JSON keys are strings

@@ -1,11 +1,15 @@
-"""`attnlab bench`: training tokens/s with MFU, KV-cached generation tokens/s and attention
-memory against sequence length, for the families and their references, as a table and JSON."""
+"""`attnlab bench`: training tokens/s with MFU, the decoding table (tokens/s, model calls and
+latency per token of every decoding, eager and compiled) and attention memory against sequence
+length, for the families and their references, as tables and JSON (and on a results page)."""
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import time
+import os
 import platform as host
+import re
 from dataclasses import asdict, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +29,8 @@ from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
 from attnlab.bench.timing import interleaved_medians
 from attnlab.errors import AttnlabError
+from attnlab.experiment.provenance import commit, context, measured_on
+from attnlab.generation.model_calls import CallCounter
 
 FAMILIES = ("decoder_only", "encoder_decoder", "block_diffusion")
 LIST_FIELDS = ("memory_lengths", "gen_batches")
@@ -52,16 +58,25 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=8,
                         help="untimed training steps per contender (default 8: on CPU torch.nn.Transformer's step "
                              "settles only after about 8); generation warms up with one call")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median is reported (default 5)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="timed training rounds; the median is reported (default 5). Generation times "
+                             "max(3, ROUNDS // 2) rounds after one warm-up call, and one round after a short "
+                             "warm-up call at batches of gen_one_round_from rows or more (preset 256)")
     parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
     parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override any shape field of the preset, e.g. --set gen_new=64 ed_batch=32 "
                         f"(fields: {', '.join(f.name for f in fields(BenchShape))})")
     parser.add_argument("--output", "-o", default="bench.json", help="where to write the JSON (default bench.json)")
+    parser.add_argument("--page", type=Path, metavar="PATH",
+                        help="a markdown page whose block between the lines <!-- generated: bench --> and "
+                        "<!-- /generated --> (added at its end if absent) to replace with the command, date, "
+                        "machine, commit, torch and the tables")
     args = parser.parse_args(argv)
     if args.warmup < 0 or args.rounds < 1:
         parser.error("--warmup must be >= 0 and --rounds >= 1")
+    if args.page is not None:
+        check_page(args.page)
     wants_hf = "decoder_only" in args.families and not (args.no_hf or args.no_references)
     if wants_hf and importlib.util.find_spec("transformers") is None:
         raise AttnlabError("the GPT-2 reference needs Hugging Face transformers: pip install -e '.[bench]' "
@@ -147,19 +162,68 @@ def bench_training(shape, options, args, peaks, say):
     return results, modules
 
 
+def generation_rounds(shape: BenchShape, batch: int, rounds: int) -> tuple[int, int]:
+    """(timed rounds, new tokens of the warm-up call) at `batch`: max(3, rounds // 2) rounds after a
+    full-length warm-up call, or, from gen_one_round_from rows on, one round after a short one
+    (two blocks of tokens: enough for every compiled step to run, so any compiling happens there)."""
+    if batch >= shape.gen_one_round_from:
+        return 1, min(shape.gen_new, 2 * shape.block_size)
+    return max(3, rounds // 2), shape.gen_new
+
+
+def counting(decoding, calls: dict):
+    """`decoding.run`, counting its model calls into `calls[name]` the first time it runs."""
+
+    def run():
+        if decoding.stack is None or decoding.name in calls:
+            decoding.run()
+        else:
+            with CallCounter(decoding.stack) as counter:
+                decoding.run()
+            calls[decoding.name] = counter.calls
+    return run
+
+
 def bench_generation(shape, options, modules, args, say):
-    """New tokens/s of every contender at each batch size of `gen_batches` (keys: the batch size)."""
+    """At each batch size of `gen_batches` (keys: the batch size), every contender's median seconds
+    per call (gen_new new tokens per row), new tokens/s, model calls per new token of a row and
+    milliseconds per new token (what one row waits: seconds per call / gen_new)."""
     results = {}
+    references, hf = not args.no_references, not args.no_hf
     for batch in shape.gen_batches:
-        steps = generation_steps(shape, options, modules, not args.no_references, not args.no_hf, batch)
-        say(f"generation at batch {batch}: {', '.join(steps)} ({shape.gen_new} new tokens per row)")
+        contenders = generation_steps(shape, options, modules, references, hf, batch)
+        rounds, warmup_new = generation_rounds(shape, batch, args.rounds)
+        say(f"generation at batch {batch}: {', '.join(contenders)} ({shape.gen_new} new tokens per row; "
+            f"{rounds} timed round{'s' * (rounds > 1)} after a warm-up call of {warmup_new} new tokens)")
+        calls: dict[str, int] = {}
+        warmup = int(warmup_new == shape.gen_new)
+        steps = {name: counting(decoding, calls) for name, decoding in contenders.items()}
         # Stacks compiled for training (--compile) run eagerly here, as attnlab's evaluation runs
         # them; the `_compiled` rows compile their own decode step (compiled_step.py). Warm-up:
-        # one call each, which is where the decode steps compile.
+        # one call each, which is where the decode steps compile. Calls are counted in each
+        # contender's first full-length call: the warm-up, or after a short warm-up the timed one.
         with torch.compiler.set_stance("force_eager"):
-            seconds = interleaved_medians(steps, 1, max(3, args.rounds // 2), options.device, say)
-        new_tokens = batch * shape.gen_new
-        results[str(batch)] = {name: {"seconds": s, "tokens_per_s": new_tokens / s} for name, s in seconds.items()}
+            if warmup_new != shape.gen_new:
+                for name, decoding in generation_steps(shape, options, modules, references, hf, batch,
+                                                       new=warmup_new).items():
+                    say(f"  warming up {name} ({warmup_new} new tokens)")
+                    decoding.run()
+            seconds = interleaved_medians(steps, warmup, rounds, options.device, say)
+        rows = {}
+        for name, s in seconds.items():
+            decoding = contenders[name]
+            twin = f"{decoding.family}/{decoding.decoding}"  # a compiled row's calls: its eager twin's
+            n_calls = calls.get(name, calls.get(twin))
+            rows[name] = {
+                "family": decoding.family, "decoding": decoding.decoding,
+                "mode": "compiled" if decoding.compiled else "eager",
+                "seconds": s, "tokens_per_s": batch * shape.gen_new / s,
+                "calls": n_calls, "calls_per_token": None if n_calls is None else n_calls / shape.gen_new,
+                "ms_per_token": 1000 * s / shape.gen_new,
+            }
+            if decoding.compiled:
+                rows[name]["calls_from"] = twin
+        results[str(batch)] = rows
     return results
 
 
@@ -193,6 +257,60 @@ def bench_gqa_memory(shape, options, dtype, say):
     return results
 
 
+PAGE_MARKERS = ("<!-- generated: bench -->", "<!-- /generated -->")
+_PAGE_BLOCK = re.compile(re.escape(PAGE_MARKERS[0]) + r"\n(?:.*?\n)?" + re.escape(PAGE_MARKERS[1]), re.S)
+
+
+def _read_page(page: Path) -> str:
+    with open(page, encoding="utf-8", newline="") as text:  # newline="": line ends as they are
+        return text.read()
+
+
+def check_page(page: Path) -> None:
+    """Fail before any work where --page could not be rewritten at the end."""
+    where = f"--page {page}:"
+    if not page.parent.is_dir():
+        raise AttnlabError(f"{where} no folder {page.parent}")
+    if page.exists():
+        if not page.is_file():
+            raise AttnlabError(f"{where} not a file")
+        if not os.access(page, os.R_OK | os.W_OK):
+            raise AttnlabError(f"{where} not writable")
+        try:
+            text = _read_page(page)
+        except UnicodeDecodeError:
+            raise AttnlabError(f"{where} not UTF-8 text") from None
+        if PAGE_MARKERS[0] in text and not _PAGE_BLOCK.search(text):
+            raise AttnlabError(f"{where} has a {PAGE_MARKERS[0]} line without a {PAGE_MARKERS[1]} line after it")
+    elif not os.access(page.parent, os.W_OK):
+        raise AttnlabError(f"{where} folder {page.parent} not writable")
+
+
+def page_markdown(result: dict) -> str:
+    """The generated block: how and where the run was made, then the report's tables."""
+    record, s = result["provenance"], result["shape"]
+    shape = (f"vocab {s['vocab']}, d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads, d_ff {s['d_ff']}, "
+             f"training batch {s['batch']} x {s['seq_len']} tokens; encoder-decoder {s['ed_layers']} + {s['ed_layers']} "
+             f"layers, batch {s['ed_batch']} x {s['ed_len']}; generation: {s['gen_prompt']}-token prompts, "
+             f"{s['gen_new']} new tokens, block size {s['block_size']}, beam {s['gen_beam']}")
+    return "\n".join([
+        f"Generated by `{record['command']}` on {record['date']} ({result['minutes']:.0f} min); measured on "
+        f"{measured_on(record)}; device {result['device']}, precision {result['options']['precision']}.", "",
+        f"Shape: {shape}.", "", format_report(result)])
+
+
+def write_page(page: Path, markdown: str) -> None:
+    """Replace the page's generated block (or add one at its end); the text around it stays byte for byte."""
+    text = _read_page(page) if page.exists() else ""
+    block = f"{PAGE_MARKERS[0]}\n{markdown}\n{PAGE_MARKERS[1]}"
+    if _PAGE_BLOCK.search(text):
+        text = _PAGE_BLOCK.sub(lambda _: block, text, count=1)
+    else:
+        text += ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block + "\n"
+    with open(page, "w", encoding="utf-8", newline="") as out:
+        out.write(text)
+
+
 def bench_main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
@@ -200,16 +318,20 @@ def bench_main(argv: list[str]) -> int:
     options = Options(device, precision, args.compile, not args.no_fused_qkv)
     shape = resolve_shape(args.size, batch=args.batch, seq_len=args.seq_len, **parse_overrides(args.set))
     say = lambda message: print(message, flush=True)  # noqa: E731
+    started = time.perf_counter()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     dtype = precision_dtype(precision)
     say(f"attnlab bench on {device_name(device)}, precision {precision}, compile {args.compile}")
     peaks = {"table": table_peak(device, precision)}  # bench_training adds the measured peak
+    command = "attnlab bench " + " ".join(argv)
+    # The commit of the attnlab checkout that runs, whatever the working folder.
+    provenance = {**context(command), "commit": commit(Path(__file__).resolve().parent)}
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device_name(device),
         "torch": torch.__version__, "size": args.size, "shape": asdict(shape),
         "options": {"precision": precision, "compile": args.compile, "fused_qkv": options.fused_qkv},
-        "peak_flops": peaks, "command": "attnlab bench " + " ".join(argv),
+        "peak_flops": peaks, "command": command, "provenance": provenance,
     }
     modules = {}
     if "train" in args.only:
@@ -220,7 +342,11 @@ def bench_main(argv: list[str]) -> int:
     if "memory" in args.only:
         result["memory"] = bench_memory(shape, options, dtype, say)
     result["targets"] = check_targets(result)
+    result["minutes"] = (time.perf_counter() - started) / 60
     print(format_report(result))
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.output}")
+    if args.page is not None:
+        write_page(args.page, page_markdown(result))
+        print(f"rewrote the generated block of {args.page}")
     return 0
