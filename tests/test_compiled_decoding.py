@@ -252,3 +252,26 @@ def test_a_model_is_collected_after_compiled_decoding_and_its_step_is_reused(mon
     assert [r() for r in refs] == [None] * 4
     decode_and_drop()
     assert len(compiles) <= 2  # one per kind of step (token, stack) at most, whatever the model or decode
+
+
+def test_every_kind_of_compiled_call_stays_compiled_in_one_process(caplog):
+    """Dynamo keeps at most 8 graphs per function and runs it eagerly past that, silently, apart
+    from a log line: greedy, beam and block-diffusion decodes of all three families at two batch
+    sizes in one process stay within the limit."""
+    torch.manual_seed(0)
+    cfg = config("rope")
+    decoder, encdec = DecoderOnlyModel(cfg, VOCAB, PAD).eval(), EncoderDecoderModel(cfg, VOCAB, PAD).eval()
+    diffusion = BlockDiffusionModel(cfg, VOCAB, PAD, MASK).eval()
+    budget = dict(max_new_tokens=6, eos_id=EOS, pad_id=PAD, compiled=True)
+    with caplog.at_level("WARNING", logger="torch._dynamo"):
+        for prompts in (UNPADDED[:1], PADDED, UNPADDED):
+            generate(decoder, prompts, **budget)
+            generate_beam(decoder, prompts, beam_size=3, alpha=0.6, **budget)
+            for unmasking in ("confidence", "threshold"):
+                sample_blocks(diffusion, prompts, block_size=4, steps=2, unmasking=unmasking, **budget)
+            source = torch.tensor([p[1:] + [2] + [0] * (6 - len(p)) for p in prompts])
+            encoded = encdec.encode(source, source != 0)[0]
+            lengths = dict(max_lengths=torch.full((len(prompts),), 6), bos_id=BOS, eos_id=EOS, compiled=True)
+            translate_greedy(encdec, encoded, pad_id=PAD, **lengths)
+            translate_beam(encdec, encoded, beam_size=3, alpha=0.6, **lengths)
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]

@@ -1,10 +1,11 @@
-"""Block-diffusion sampling: blocks left to right, each denoised from all-mask in a few steps.
+"""Block-diffusion sampling: blocks left to right, each denoised from all-mask in a few calls.
 
-Each step proposes a token for every masked position and keeps the k most confident (or k
+Each call proposes a token for every masked position and keeps the k most confident (or k
 random) ones, or every one whose probability passes a threshold (adaptive: as many calls as the
 block needs), or (first_hitting, BD3-LM's sampler) reveals one uniformly chosen masked position
-with a token drawn from its distribution; once the block is clean, its keys and values join the
-cache in the first call of the next block.
+with a token drawn from its distribution; once a row's block is clean, its keys and values join
+the cache in the row's next call, which already denoises its next block. Rows are ragged: each
+moves through its own blocks, so with a threshold no row waits for a harder one.
 """
 from __future__ import annotations
 

@@ -21,18 +21,35 @@ from attnlab.components.kv_cache import cached_forward
 
 BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
 INDUCTOR_OPTIONS = {"cpp_wrapper": True}
-_COMPILED: dict = {}  # backend -> the compiled call, for every stack
+_COMPILED: dict = {}  # (kind of call, backend) -> the compiled call, for every stack
 
 
-def _compiled():
-    """`cached_forward` compiled, made on first use and kept for the process, so every generation
-    reuses it. The stack is an argument, not a closure's cell nor a key of the cache: a compiled
-    function that held its model would keep it alive for good (a model is collected once its
-    decoding is over; nothing is stored on the module, which stays picklable and deep-copyable)."""
-    if BACKEND not in _COMPILED:
+# One function per kind of call, because Dynamo keeps its graphs per function and, past 8 of them,
+# runs a function eagerly (silently): each kind has its variants (a batch of one row, padded rows,
+# a trial block with or without clean tokens, beams folded over their source), and together they
+# would pass the limit in one process.
+def _decoder_call(*args):
+    return cached_forward(*args)
+
+
+def _cross_attention_call(*args):
+    return cached_forward(*args)
+
+
+def _block_call(*args):
+    return cached_forward(*args)
+
+
+def _compiled(kind):
+    """The call of that kind compiled, made on first use and kept for the process, so every
+    generation reuses it. The stack is an argument, not a closure's cell nor a key of the cache: a
+    compiled function that held its model would keep it alive for good (a model is collected once
+    its decoding is over; nothing is stored on the module, which stays picklable and deep-copyable)."""
+    key = (kind, BACKEND)
+    if key not in _COMPILED:
         options = INDUCTOR_OPTIONS if BACKEND == "inductor" else None
-        _COMPILED[BACKEND] = torch.compile(cached_forward, backend=BACKEND, dynamic=True, options=options)
-    return _COMPILED[BACKEND]
+        _COMPILED[key] = torch.compile(kind, backend=BACKEND, dynamic=True, options=options)
+    return _COMPILED[key]
 
 
 def step_runner(compiled: bool):
@@ -48,7 +65,6 @@ def step_runner(compiled: bool):
     changed), Dynamo refuses before running anything, and the call is made again with every guard."""
     if not compiled:
         return cached_forward
-    step = _compiled()
     previous = None
 
     def run(stack, tokens, valid, slots, row_end, keys, caches, context_mask, noisy, causal, masked, last_only):
@@ -60,6 +76,8 @@ def step_runner(compiled: bool):
         tensors = [x.contiguous() for x in (tokens, valid, slots, row_end, keys)]
         # Generation runs under "force_eager" when the stacks were compiled for training; this
         # step is compiled for decoding.
+        kind = _block_call if noisy else _cross_attention_call if context_mask is not None else _decoder_call
+        step = _compiled(kind)
         args = (stack, *tensors, caches, context_mask, noisy, causal, masked, last_only)
         out = None
         if structure == previous:

@@ -15,9 +15,9 @@ class SamplingConfig:
     beam_size > 1 uses beam search instead (decoder-only and encoder-decoder), ranked with the
     GNMT length penalty `length_penalty` (alpha; 0.6 in the paper).
 
-    compile: decode over a fixed-capacity KV cache with each step torch.compiled (one graph,
-    dynamic shapes, compiled at the first batch: tens of seconds on a CPU). Same tokens as eager;
-    it pays on long generations at small batches (see the bench), not on a short evaluation.
+    compile: each decoding call torch.compiled (one graph for every step, dynamic shapes, compiled
+    at the first batch: tens of seconds on a CPU). Same tokens as eager; per token it pays at every
+    batch size on the bench, but a short evaluation does not earn back the compile.
     """
 
     temperature: float = 0.0
