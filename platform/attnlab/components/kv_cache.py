@@ -6,8 +6,8 @@ allocated once, written in place at each row's next slots and read over the fill
 reallocation. Cross-attention keys and values are computed once per source and never copied:
 beams of a source read them by folding their queries together (see MultiHeadAttention).
 
-One place builds a call. `DecodeState.step(valid, noisy)` turns "these new tokens" into slots,
-and `step_inputs` into positions, key positions and the mask, for every family: a decoder's
+One place builds a call. `DecodeState.forward(stack, tokens, valid, noisy=)` turns "these new
+tokens" into slots (which are their positions) and `step_mask` into the mask, for every family: a decoder's
 tokens (`noisy` 0) see the keys before them; block diffusion's trial block (`noisy` tokens at the
 end) is seen by itself alone and dropped after the call, so denoising a block writes nothing
 that has to be undone or copied.
@@ -172,7 +172,6 @@ class DecodeState:
     aligned: bool = True
     context_mask: torch.Tensor | None = None
     last_clean_hidden: torch.Tensor | None = None
-    calls: int = 0
     slot_index: torch.Tensor | None = None  # arange(capacity): the slots a call attends over are a view of it
 
     @classmethod
@@ -237,12 +236,11 @@ class DecodeState:
         else:
             self.row_end = self.row_end + valid[:, :n_clean].long().sum(1)
             self._measure_rows()
-        self.calls += 1
 
     def _measure_rows(self) -> None:
         """`end` and `aligned` from the rows' ends (one device sync, only after a call with padding)."""
-        shortest, self.end = self.row_end.aminmax() if self.rows else (0, 0)
-        self.end, self.aligned = int(self.end), int(shortest) == int(self.end)
+        shortest, longest = (int(x) for x in self.row_end.aminmax()) if self.rows else (0, 0)
+        self.end, self.aligned = longest, shortest == longest
 
     def _grow(self, capacity: int) -> None:
         for cache in self.caches:

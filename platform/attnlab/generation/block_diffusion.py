@@ -137,10 +137,7 @@ def sample_blocks(
         block = reveal(block, logits, calls, steps, mask_id, sampling, unmasking, generator, threshold)
         calls += 1
         ready = (block != mask_id).all(dim=1) & ~done
-        if not ragged and not bool((ready | done).all()):
-            clean = None
-            continue
-        if not bool(ready.any()):
+        if not bool(ready.any() if ragged else ready.any() & (ready | done).all()):  # no row commits yet
             clean = None
             continue
         columns = blocks_done[:, None] * block_size + torch.arange(block_size, device=device)
