@@ -16,6 +16,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from attnlab.components.config import BackboneConfig
 from attnlab.components.kv_cache import KVCache
+from attnlab.components.linear import Linear
 from attnlab.components.positional import Rotary, apply_rotary
 
 _compiled_flex = None
@@ -67,15 +68,15 @@ class MultiHeadAttention(nn.Module):
         self.dropout = cfg.attention_dropout
         q_size, kv_size = cfg.n_heads * cfg.head_dim, 2 * cfg.kv_heads * cfg.head_dim
         if cfg.fused_qkv and not cross_attention:
-            self.qkv_proj = nn.Linear(cfg.d_model, q_size + kv_size, bias=cfg.bias)
+            self.qkv_proj = Linear(cfg.d_model, q_size + kv_size, bias=cfg.bias)
             # Rows [q | k | v]; initialised part by part, as q_proj and kv_proj would be (the stack reads this).
             self.qkv_proj.init_rows = [q_size, kv_size]
             self.q_proj = self.kv_proj = None
         else:
             self.qkv_proj = None
-            self.q_proj = nn.Linear(cfg.d_model, q_size, bias=cfg.bias)
-            self.kv_proj = nn.Linear(cfg.d_model, kv_size, bias=cfg.bias)
-        self.out_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+            self.q_proj = Linear(cfg.d_model, q_size, bias=cfg.bias)
+            self.kv_proj = Linear(cfg.d_model, kv_size, bias=cfg.bias)
+        self.out_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
         self.register_buffer("head_mask", torch.ones(cfg.n_heads), persistent=False)
         self.heads_masked = False
 

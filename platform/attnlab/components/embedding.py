@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.components.config import BackboneConfig
+from attnlab.components.linear import Linear, rows_times
 
 
 class TokenEmbedding(nn.Module):
@@ -18,6 +19,8 @@ class TokenEmbedding(nn.Module):
     token uses. They start at zero and, since `logits` keeps only the first `vocab_size`
     columns, no loss ever reaches them: losses, sampling and the mask token are as unpadded.
     """
+
+    decode_weight: torch.Tensor | None = None  # the tied table (d_model, rows), while decoding (components/linear.py)
 
     def __init__(self, cfg: BackboneConfig, vocab_size: int, pad_id: int = 0):
         super().__init__()
@@ -30,7 +33,7 @@ class TokenEmbedding(nn.Module):
             self.weight[pad_id].zero_()
             self.weight[vocab_size:].zero_()
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
-        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, rows, bias=False)
+        self.output = None if cfg.tie_embeddings else Linear(cfg.d_model, rows, bias=False)
         if self.output is not None:
             with torch.no_grad():
                 self.output.weight[vocab_size:].zero_()
@@ -40,5 +43,10 @@ class TokenEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(…, vocab_size) logits: the padded columns are cut off."""
-        logits = self.output(hidden) if self.output is not None else F.linear(hidden, self.weight)
+        if self.output is not None:
+            logits = self.output(hidden)
+        elif self.decode_weight is not None:
+            logits = rows_times(hidden, self.decode_weight)
+        else:
+            logits = F.linear(hidden, self.weight)
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]

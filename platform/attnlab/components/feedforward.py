@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.components.config import BackboneConfig
+from attnlab.components.linear import Linear
 
 
 class FeedForward(nn.Module):
@@ -13,8 +14,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.up = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.activation = F.relu if cfg.activation == "relu" else F.gelu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -26,8 +27,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=cfg.bias)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.up = Linear(cfg.d_model, 2 * cfg.d_ff, bias=cfg.bias)
+        self.down = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, value = self.up(x).chunk(2, dim=-1)

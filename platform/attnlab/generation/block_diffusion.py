@@ -14,7 +14,7 @@ import math
 import torch
 
 from attnlab.generation.compiled_step import step_runner
-from attnlab.generation.loop import compaction_due, left_pad, row_budgets, strip_after_eos
+from attnlab.generation.loop import compaction_due, decoding, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
 UNMASKING = ("confidence", "random", "threshold", "first_hitting")
@@ -84,7 +84,7 @@ def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: Sampling
     return block
 
 
-@torch.no_grad()
+@decoding
 def sample_blocks(
     model,
     prompts: list[list[int]],

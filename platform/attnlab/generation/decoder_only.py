@@ -5,11 +5,11 @@ import torch
 
 from attnlab.generation.beam_search import beam_search
 from attnlab.generation.compiled_step import step_runner
-from attnlab.generation.loop import capacity_for, left_pad, row_budgets, token_loop
+from attnlab.generation.loop import capacity_for, decoding, left_pad, row_budgets, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
-@torch.no_grad()
+@decoding
 def generate(
     model,
     prompts: list[list[int]],
@@ -42,7 +42,7 @@ def generate(
                       return_logits=return_logits, compact=state.keep if compact and not compiled else None)
 
 
-@torch.no_grad()
+@decoding
 def generate_beam(model, prompts: list[list[int]], *, max_new_tokens: int | torch.Tensor, eos_id: int, pad_id: int,
                   beam_size: int, alpha: float, compact: bool = True, compiled: bool = False) -> list[list[int]]:
     """Beam search after the prompts: each prompt runs once, then its cache is copied to each beam.

@@ -10,7 +10,7 @@ import torch
 
 from attnlab.generation.beam_search import beam_search
 from attnlab.generation.compiled_step import step_runner
-from attnlab.generation.loop import capacity_for, left_pad, token_loop
+from attnlab.generation.loop import capacity_for, decoding, left_pad, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
 
@@ -28,7 +28,7 @@ def _start(model, state, prefixes, bos_id: int, pad_id: int, rows: int, device):
     return state.forward(model.decoder, tokens, valid, last_only=True)
 
 
-@torch.no_grad()
+@decoding
 def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
                      prefixes: list[list[int]] | None = None, sampling: SamplingConfig = SamplingConfig(),
                      generator: torch.Generator | None = None, return_logits: bool = False, compact: bool = True,
@@ -48,7 +48,7 @@ def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, 
                       compact=state.keep if compact and not compiled else None)
 
 
-@torch.no_grad()
+@decoding
 def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
                    alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True,
                    compiled: bool = False):

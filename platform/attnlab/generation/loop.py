@@ -1,11 +1,23 @@
 """What every generator shares: left padding, per-row budgets, the token-by-token loop, stripping."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 
+from attnlab.components.linear import decode_layout
 from attnlab.generation.sampling import SamplingConfig, choose_next
+
+
+def decoding(generator: Callable) -> Callable:
+    """A generator `f(model, ...)` run without gradients and with the model's wide weights laid out
+    for decoding (`decode_layout`) for the whole call."""
+    @functools.wraps(generator)
+    def decode(model, *args, **kwargs):
+        with torch.no_grad(), decode_layout(model):
+            return generator(model, *args, **kwargs)
+    return decode
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device=None):
