@@ -4,6 +4,7 @@ here times anything: speed is the bench's job, not the tests'."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -230,7 +231,13 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
                 assert row["calls"] == expected[twin], (batch, name)
             else:  # threshold: at least one call per block, at most one per token
                 assert new // block <= row["calls"] <= new, (batch, name)
-            assert row["calls"] == rows[twin]["calls"] and row.get("calls_from", twin) == twin
+            assert row["calls"] == rows[twin]["calls"]  # a compiled row counts its own calls
+            if name != twin and batch == "1":  # compiling: the first (full-length) call over a timed one
+                assert row["compile_s"] >= 0
+                saved = (rows[twin]["seconds"] - row["seconds"]) / row["calls"]
+                assert row["pays_after_calls"] == (math.ceil(row["compile_s"] / saved) if saved > 0 else None)
+            else:  # eager, or batch 2's short warm-up (other decodings), which times no compile
+                assert "compile_s" not in row
             assert row["calls_per_token"] == pytest.approx(row["calls"] / new)
             assert row["tokens_per_s"] == pytest.approx(int(batch) * new / row["seconds"])
             assert row["ms_per_token"] == pytest.approx(1000 * row["seconds"] / new)
@@ -238,10 +245,12 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
     rows = data["generation"]["2"]
     e, c = rows["block_diffusion/steps2"], rows["block_diffusion/steps2_compiled"]
     assert (f"| block_diffusion/steps2 | {e['tokens_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | 0.50 | "
-            f"{e['ms_per_token']:.2f} | {c['ms_per_token']:.2f} |") in result.out
+            f"{e['ms_per_token']:.2f} | {c['ms_per_token']:.2f} | - | - |") in result.out
     t = rows["torch_transformer/greedy"]
-    assert (f"| torch_transformer/greedy | {t['tokens_per_s']:,.0f} | - | 1.00 | {t['ms_per_token']:.2f} | - |"
+    assert (f"| torch_transformer/greedy | {t['tokens_per_s']:,.0f} | - | 1.00 | {t['ms_per_token']:.2f} | - | - | - |"
             in result.out)
+    c = data["generation"]["1"]["decoder_only/greedy_compiled"]
+    assert f"{c['ms_per_token']:.2f} | {c['compile_s']:.1f} |" in result.out
     assert "3 timed rounds after a warm-up call of 12 new tokens" in result.out  # batch 1
     assert "1 timed round after a warm-up call of 8 new tokens" in result.out  # batch 2
     assert "compiled during the timed rounds" not in result.out  # the short warm-up compiled batch 2's steps

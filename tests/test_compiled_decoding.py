@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from attnlab import BackboneConfig
-from attnlab.generation import compiled_step
+from attnlab.generation import compiled_step, model_calls
 from attnlab.generation.block_diffusion import sample_blocks
 from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
+from attnlab.generation.model_calls import CallCounter
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.encoder_decoder import EncoderDecoderModel
@@ -136,6 +137,34 @@ def test_block_diffusion_compiled_equals_eager(positional, prompts, view):
     assert_same(results)
 
 
+def test_compiled_calls_are_counted_as_eager_ones_are():
+    """A forward hook does not see a call made inside a compiled graph: the runner reports it, and
+    each family's compiled decode counts the calls of its eager decode (val/nfe_per_token)."""
+    torch.manual_seed(0)
+    decoder, blocks = DecoderOnlyModel(config("rope"), VOCAB, PAD).eval(), BlockDiffusionModel(
+        config("rope"), VOCAB, PAD, MASK).eval()
+    translator = EncoderDecoderModel(config("rope"), VOCAB, PAD).eval()
+    encoded = translator.encode(torch.tensor([[7, 8, 2], [9, 2, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]]).bool())[0]
+    decodes = {
+        "greedy": (decoder.stack, lambda mode: generate(decoder, PADDED, max_new_tokens=BUDGETS, eos_id=-1, pad_id=PAD,
+                                                        compact=False, **mode)),
+        "beam": (decoder.stack, lambda mode: generate_beam(decoder, PADDED, max_new_tokens=BUDGETS, eos_id=-1,
+                                                           pad_id=PAD, beam_size=2, alpha=0.6, compact=False, **mode)),
+        "translate": (translator.decoder, lambda mode: translate_greedy(
+            translator, encoded, max_lengths=BUDGETS[:2], bos_id=BOS, eos_id=-1, pad_id=PAD, compact=False, **mode)),
+        "blocks": (blocks.stack, lambda mode: sample_blocks(blocks, PADDED, max_new_tokens=BUDGETS, block_size=4,
+                                                            steps=2, eos_id=-1, pad_id=PAD, compact=False, **mode)),
+    }
+    for name, (stack, decode) in decodes.items():
+        counted = {}
+        for compiled in (False, True):
+            with CallCounter(stack) as calls:
+                decode({"compiled": compiled})
+            counted[compiled] = calls.calls
+        assert counted[True] == counted[False] > 2, name
+    assert not model_calls._COUNTING  # every counter closed
+
+
 def test_inductor_compiles_each_family_to_the_eager_tokens(monkeypatch):
     """The real backend, once per family (the slowest test here: Inductor's C++ compile)."""
     monkeypatch.setattr(compiled_step, "BACKEND", "inductor")
@@ -208,7 +237,7 @@ def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):
     from attnlab.errors import ConfigError
     from attnlab.generation import SamplingConfig
 
-    with pytest.raises(ConfigError, match="generation.compile='yes' must be true or false"):
+    with pytest.raises(ConfigError, match="generation.compile='yes' must be true, false or auto"):
         SamplingConfig(compile="yes")
     seen = []
     real = compiled_step.step_runner

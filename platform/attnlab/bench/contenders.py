@@ -157,14 +157,13 @@ THRESHOLDS = (0.9, 0.7)  # and its adaptive rows: each call reveals every token 
 @dataclass
 class Decoding:
     """One generation contender: `run()` generates the shape's gen_new tokens after each prompt of
-    a batch. `stack` is the module whose forward calls are its model calls (None for the compiled
-    rows: a forward hook does not see calls inside a compiled graph, so they report the calls of
-    their eager twin, the same decoding run eagerly)."""
+    a batch. `stack` is the module whose forward calls are its model calls (a compiled row's are
+    reported by its compiled runner: see generation/model_calls.py)."""
     family: str  # decoder_only, hf_generate, block_diffusion, encoder_decoder, torch_transformer
     decoding: str  # greedy, beam4, steps2, tau0.9
     compiled: bool
     run: Callable[[], None]
-    stack: torch.nn.Module | None
+    stack: torch.nn.Module
 
     @property
     def name(self) -> str:
@@ -186,7 +185,7 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
 
     def both(family: str, decoding: str, stack, make: Callable[[bool], Callable[[], None]]):
         out.append(Decoding(family, decoding, False, make(False), stack))
-        out.append(Decoding(family, decoding, True, make(True), None))
+        out.append(Decoding(family, decoding, True, make(True), stack))
 
     for module in modules.values():
         module.eval()

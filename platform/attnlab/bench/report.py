@@ -104,9 +104,10 @@ def _generation_table(batch: str, rows: dict, new_tokens) -> str:
         compiled = rows.get(name + "_compiled")
         lines.append([name, cell(eager, "tokens_per_s", ",.0f"), cell(compiled, "tokens_per_s", ",.0f"),
                       cell(eager, "calls_per_token", ".2f"), cell(eager, "ms_per_token", ".2f"),
-                      cell(compiled, "ms_per_token", ".2f")])
+                      cell(compiled, "ms_per_token", ".2f"), cell(compiled, "compile_s", ".1f"),
+                      cell(compiled, "pays_after_calls", ",")])
     header = [f"generation, batch {batch} ({new_tokens} new tokens a row)", "tokens/s eager", "tokens/s compiled",
-              "calls/token", "ms/token eager", "ms/token compiled"]
+              "calls/token", "ms/token eager", "ms/token compiled", "compile s", "compiled pays after (calls)"]
     return _table(header, lines)
 
 
@@ -131,7 +132,9 @@ def format_report(result: dict) -> str:
             out += ["", _generation_table(batch, rows, new_tokens)]
         out += ["", "calls/token: model calls (forwards of the decoding stack, the prompt's included) per new token "
                     "of a row, counted eagerly (compiled decoding runs the same algorithm). ms/token: seconds per "
-                    "call over the new tokens of a row, what one row waits per token."]
+                    "call over the new tokens of a row, what one row waits per token. compile s: a compiled row's "
+                    "first call over a timed one (the graphs this batch's shapes add; the first batch compiles "
+                    "the most); pays after: the decoding calls whose saving over eager wins those seconds back."]
     if result.get("memory"):
         per_backend = {k: v for k, v in result["memory"].items() if k != "gqa"}
         lengths = sorted({n for per in per_backend.values() for n in per}, key=int)  # JSON keys are strings

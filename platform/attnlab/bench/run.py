@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import time
 import os
 import platform as host
@@ -184,6 +185,16 @@ def counting(decoding, calls: dict):
     return run
 
 
+def compile_costs(first_call: float, compiled: dict, eager: dict) -> dict:
+    """What compiling costs a compiled row: `compile_s`, its first call's seconds over a timed one's
+    (the graphs of this batch's shapes that earlier batches did not compile), and `pays_after_calls`,
+    the decoding calls that win those seconds back at the per-call saving measured against its
+    eager twin (None where compiled is not faster)."""
+    compile_s = max(0.0, first_call - compiled["seconds"])
+    saved = (eager["seconds"] - compiled["seconds"]) / compiled["calls"] if compiled.get("calls") else 0.0
+    return {"compile_s": compile_s, "pays_after_calls": math.ceil(compile_s / saved) if saved > 0 else None}
+
+
 def bench_generation(shape, options, modules, args, say):
     """At each batch size of `gen_batches` (keys: the batch size), every contender's median seconds
     per call (gen_new new tokens per row), new tokens/s, model calls per new token of a row and
@@ -208,12 +219,12 @@ def bench_generation(shape, options, modules, args, say):
                                                        new=warmup_new).items():
                     say(f"  warming up {name} ({warmup_new} new tokens)")
                     decoding.run()
-            seconds = interleaved_medians(steps, warmup, rounds, options.device, say)
+            first: dict[str, float] = {}
+            seconds = interleaved_medians(steps, warmup, rounds, options.device, say, first)
         rows = {}
         for name, s in seconds.items():
             decoding = contenders[name]
-            twin = f"{decoding.family}/{decoding.decoding}"  # a compiled row's calls: its eager twin's
-            n_calls = calls.get(name, calls.get(twin))
+            n_calls = calls.get(name)
             rows[name] = {
                 "family": decoding.family, "decoding": decoding.decoding,
                 "mode": "compiled" if decoding.compiled else "eager",
@@ -221,8 +232,10 @@ def bench_generation(shape, options, modules, args, say):
                 "calls": n_calls, "calls_per_token": None if n_calls is None else n_calls / shape.gen_new,
                 "ms_per_token": 1000 * s / shape.gen_new,
             }
-            if decoding.compiled:
-                rows[name]["calls_from"] = twin
+        for name, row in rows.items():
+            eager = rows.get(name.removesuffix("_compiled"))
+            if row["mode"] == "compiled" and name in first:
+                row.update(compile_costs(first[name], row, eager))
         results[str(batch)] = rows
     return results
 

@@ -12,13 +12,18 @@ from attnlab.training.flops import synchronize
 
 
 def interleaved_medians(steps: dict[str, Callable[[], None]], warmup: int, rounds: int,
-                        device: torch.device, progress: Callable[[str], None] = print) -> dict[str, float]:
-    """Median seconds per call of each step; `warmup` untimed calls each first (allocator, compile)."""
+                        device: torch.device, progress: Callable[[str], None] = print,
+                        first: dict[str, float] | None = None) -> dict[str, float]:
+    """Median seconds per call of each step; `warmup` calls each first (allocator, compile), the
+    first of which `first` (if given) receives the seconds of."""
     for name, step in steps.items():
         progress(f"  warming up {name}")
-        for _ in range(warmup):
+        for call in range(warmup):
+            started = time.perf_counter()
             step()
-        synchronize(device)
+            synchronize(device)
+            if call == 0 and first is not None:
+                first[name] = time.perf_counter() - started
     times: dict[str, list[float]] = {name: [] for name in steps}
     for round_ in range(rounds):
         for name, step in steps.items():

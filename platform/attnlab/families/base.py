@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, replace
@@ -22,6 +23,7 @@ from attnlab.families.evaluation import EvaluationSteps
 from attnlab.families.metrics import EvalMetrics
 from attnlab.families.optim import OptimizerConfig, build_optimizer
 from attnlab.generation import SamplingConfig
+from attnlab.generation.compiled_step import compile_pays
 from attnlab.models.losses import LossTerms
 from attnlab.training.flops import FlopCounter
 from attnlab.training.mfu import MFU
@@ -174,6 +176,29 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             for stack in self.attention_stacks().values():
                 stack.compile(dynamic=True, backend=self.compile_backend)
             self._compiled = True
+
+    def decoding_compiled(self, batch) -> bool:
+        """Whether this batch's decode is compiled (`generation.compile`). "auto" bounds the calls
+        of this run's decoding, its batches to decode times the longest budget of this batch, and
+        compiles when they win a compile back (`compile_pays`). A length the loaders cannot tell
+        (a stream) counts one batch."""
+        setting = self.sampling.compile
+        return compile_pays(setting, 0 if isinstance(setting, bool) else
+                            self._decoding_batches() * int(self.max_output_length(batch["source_lengths"]).max()))
+
+    def _decoding_batches(self) -> float:
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer: one batch
+            return 1
+        fn = trainer.state.fn
+        counts = {"test": trainer.num_test_batches, "predict": trainer.num_predict_batches}.get(fn,
+                                                                                              trainer.num_val_batches)
+        batches = sum(counts) if counts and math.isfinite(sum(counts)) else 1
+        if fn == "fit" and self.eval_every_n_epochs and (trainer.max_epochs or 0) > 0:
+            epochs = range(1, trainer.max_epochs + 1)
+            batches *= sum(e % self.eval_every_n_epochs == 0 or e == trainer.max_epochs for e in epochs)
+        return batches
 
     def decoding_stack(self):
         """The stack whose forward calls are the model calls (NFE) of generation."""

@@ -18,6 +18,13 @@ from __future__ import annotations
 import torch
 
 from attnlab.components.kv_cache import cached_forward
+from attnlab.generation.model_calls import count_compiled_call
+
+# generation.compile "auto": compile a run's decoding when it makes at least this many calls. The
+# bench's generation tables give, per batch, a compiled row's compile seconds and the calls whose
+# saving over eager wins them back (docs/results/bench.md; 2 CPU cores, a 4-layer 256-wide model:
+# about 27 s to compile the first kind of call, under 1 ms saved a call); this is above them.
+COMPILE_PAYS_FROM_CALLS = 50_000
 
 BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
 INDUCTOR_OPTIONS = {"cpp_wrapper": True}
@@ -50,6 +57,12 @@ def _compiled(kind):
         options = INDUCTOR_OPTIONS if BACKEND == "inductor" else None
         _COMPILED[key] = torch.compile(kind, backend=BACKEND, dynamic=True, options=options)
     return _COMPILED[key]
+
+
+def compile_pays(setting: bool | str, calls: float) -> bool:
+    """generation.compile for a decode: true or false as set; "auto": whether `calls` (the decoding
+    calls a run will make, a bound) win a compile back."""
+    return setting if isinstance(setting, bool) else calls >= COMPILE_PAYS_FROM_CALLS
 
 
 def step_runner(compiled: bool):
@@ -91,6 +104,7 @@ def step_runner(compiled: bool):
             with torch.compiler.set_stance("default"):
                 out = step(*args)
         previous = structure
+        count_compiled_call(stack)
         return out
 
     return run

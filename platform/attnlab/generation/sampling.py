@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -16,8 +17,10 @@ class SamplingConfig:
     GNMT length penalty `length_penalty` (alpha; 0.6 in the paper).
 
     compile: each decoding call torch.compiled (one graph for every step, dynamic shapes, compiled
-    at the first batch: tens of seconds on a CPU). Same tokens as eager; per token it pays at every
-    batch size on the bench, but a short evaluation does not earn back the compile.
+    at the first batch: tens of seconds on a CPU). Same tokens as eager; per call it pays at every
+    batch size on the bench, but a short evaluation does not earn back the compile. "auto" (the
+    default) compiles where it does: when a run's decoding makes at least the calls the bench says
+    win a compile back (`compiled_step.compile_pays`); true and false force it.
     """
 
     temperature: float = 0.0
@@ -26,7 +29,7 @@ class SamplingConfig:
     max_new_tokens: int | None = None  # None: source length + 50 (the paper's rule)
     beam_size: int = 1
     length_penalty: float = 0.6
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -37,8 +40,8 @@ class SamplingConfig:
             raise ConfigError(
                 f"generation.max_new_tokens={self.max_new_tokens} must be >= 1 (or null: source length + 50)"
             )
-        if not isinstance(self.compile, bool):
-            raise ConfigError(f"generation.compile={self.compile!r} must be true or false")
+        if not isinstance(self.compile, bool) and self.compile != "auto":
+            raise ConfigError(f"generation.compile={self.compile!r} must be true, false or auto")
         if self.beam_size < 1:
             raise ConfigError(f"generation.beam_size={self.beam_size} must be >= 1 (1 = greedy / sampling)")
         if not 0.0 < self.top_p <= 1.0:
