@@ -131,7 +131,7 @@ def format_report(result: dict) -> str:
         for batch, rows in result["generation"].items():
             out += ["", _generation_table(batch, rows, new_tokens)]
         out += ["", "calls/token: model calls (forwards of the decoding stack, the prompt's included) per new token "
-                    "of a row, counted eagerly (compiled decoding runs the same algorithm). ms/token: seconds per "
+                    "of a row, counted in its first full-length call (a compiled row's by its runner). ms/token: seconds per "
                     "call over the new tokens of a row, what one row waits per token. compile s: a compiled row's "
                     "first call over a timed one (the graphs this batch's shapes add; the first batch compiles "
                     "the most); pays after: the decoding calls whose saving over eager wins those seconds back."]

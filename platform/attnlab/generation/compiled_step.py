@@ -22,8 +22,10 @@ from attnlab.generation.model_calls import count_compiled_call
 
 # generation.compile "auto": compile a run's decoding when it makes at least this many calls. The
 # bench's generation tables give, per batch, a compiled row's compile seconds and the calls whose
-# saving over eager wins them back (docs/results/bench.md; 2 CPU cores, a 4-layer 256-wide model:
-# about 27 s to compile the first kind of call, under 1 ms saved a call); this is above them.
+# saving over eager wins them back (docs/results/bench.md). On 2 CPU cores, for its 4-layer
+# 256-wide model, greedy decoding at batch 1 compiled in about 20-27 s and paid after about 47,000
+# (EncoderDecoder) and 52,000 (DecoderOnly) calls; a decoding that saves less per call (block
+# diffusion with 2 steps a block) needs many more, and auto may compile such a run at a loss.
 COMPILE_PAYS_FROM_CALLS = 50_000
 
 BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
