@@ -183,8 +183,9 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         compiles when they win a compile back (`compile_pays`). A length the loaders cannot tell
         (a stream) counts one batch."""
         setting = self.sampling.compile
-        return compile_pays(setting, 0 if isinstance(setting, bool) else
-                            self._decoding_batches() * int(self.max_output_length(batch["source_lengths"]).max()))
+        if isinstance(setting, bool):
+            return setting
+        return compile_pays(setting, self._decoding_batches() * int(self.max_output_length(batch["source_lengths"]).max()))
 
     def _decoding_batches(self) -> float:
         try:
@@ -192,12 +193,12 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         except RuntimeError:  # not attached to a Trainer: one batch
             return 1
         fn = trainer.state.fn
-        counts = {"test": trainer.num_test_batches, "predict": trainer.num_predict_batches}.get(fn,
-                                                                                              trainer.num_val_batches)
-        batches = sum(counts) if counts and math.isfinite(sum(counts)) else 1
-        if fn == "fit" and self.eval_every_n_epochs and (trainer.max_epochs or 0) > 0:
-            epochs = range(1, trainer.max_epochs + 1)
-            batches *= sum(e % self.eval_every_n_epochs == 0 or e == trainer.max_epochs for e in epochs)
+        counts = (trainer.num_test_batches if fn == "test" else trainer.num_predict_batches if fn == "predict"
+                  else trainer.num_val_batches)
+        total = sum(counts)
+        batches = total if counts and math.isfinite(total) else 1
+        if fn == "fit" and (trainer.max_epochs or 0) > 0:  # every validation that generates
+            batches *= sum(self._generates_in(epoch, trainer.max_epochs) for epoch in range(1, trainer.max_epochs + 1))
         return batches
 
     def decoding_stack(self):

@@ -93,8 +93,11 @@ class EvaluationSteps:
         self._evaluate(batch, self.val_metrics, generate)
 
     def _generation_epoch(self) -> bool:
-        every, epoch = self.eval_every_n_epochs, self.current_epoch + 1
-        last = self.trainer.max_epochs is not None and epoch >= self.trainer.max_epochs
+        return self._generates_in(self.current_epoch + 1, self.trainer.max_epochs)
+
+    def _generates_in(self, epoch: int, max_epochs: int | None) -> bool:
+        """Whether the validation of (1-based) `epoch` generates: every eval_every_n_epochs, and the last."""
+        every, last = self.eval_every_n_epochs, max_epochs is not None and epoch >= max_epochs
         return bool(every) and (epoch % every == 0 or last)
 
     def on_validation_epoch_end(self):
