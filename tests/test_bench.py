@@ -108,6 +108,25 @@ def test_targets_are_judged_from_the_measured_rows():
     assert not any("EncoderDecoder" in what for what in checks)  # no rows, no verdict
 
 
+def test_rows_timed_in_the_same_rounds_are_compared_round_by_round():
+    """A slow round slows both rows of a twin pair: the verdict is the median of the per-round
+    ratios, not the ratio of the medians (here 2.0 against 100 / 45.45 = 2.2)."""
+    calls = {"compiled": [1.0, 2.0, 1.0], "eager": [2.0, 4.0, 2.2]}  # seconds per call, 100 tokens each
+    rows = {"decoder_only/greedy" + ("_compiled" if mode == "compiled" else ""):
+            {"tokens_per_s": 100.0 / sorted(t)[1], "round_seconds": t} for mode, t in calls.items()}
+    result = {"generation": {"1": rows}, "shape": {}, "peak_flops": {}, "date": "d", "device": "cpu", "torch": "t",
+              "options": {"precision": "32", "compile": False}}
+    check = {c["what"]: c for c in check_targets(result)}["DecoderOnly greedy, compiled vs eager, batch 1"]
+    per_round = sorted((100.0 / c) / (100.0 / e) for c, e in zip(calls["compiled"], calls["eager"]))
+    assert check["ratio"] == pytest.approx(per_round[1]) == pytest.approx(2.0)
+    assert check["round_range"] == pytest.approx([per_round[0], per_round[-1]])
+    result["targets"] = [check]
+    assert "| DecoderOnly greedy, compiled vs eager, batch 1 | 2.00x (2.00-2.20) | >= 1.0 | holds |" in format_report(result)
+    rows["decoder_only/greedy"]["round_seconds"] = [2.0, 4.0]  # not the same rounds: the rows' own values
+    check = {c["what"]: c for c in check_targets(result)}["DecoderOnly greedy, compiled vs eager, batch 1"]
+    assert check["ratio"] == pytest.approx(2.2) and "round_range" not in check
+
+
 def _row(tokens_per_s: float, calls_per_token: float = 1.0) -> dict:
     return {"tokens_per_s": tokens_per_s, "calls_per_token": calls_per_token}
 
@@ -264,11 +283,13 @@ def test_hf_generate_rows_take_one_call_per_token_greedy_and_beam():
     """GPT-2's prefill gives the first token, as ours does; both run full length (generate asserts it)."""
     pytest.importorskip("transformers", reason="the GPT-2 reference is in the optional `bench` extra")
     from attnlab.bench.run import counting
+    from attnlab.generation.model_calls import CallCounter
 
     steps = generation_steps(TINY, CPU, {"decoder_only": platform_module("decoder_only", TINY, CPU)}, True, True, 2)
     calls = {}
-    for name in ("hf_generate/greedy", "hf_generate/beam4"):
-        counting(steps[name], calls)()
+    with CallCounter(steps["hf_generate/greedy"].stack) as counter:  # the beam row's stack too: GPT-2's
+        for name in ("hf_generate/greedy", "hf_generate/beam4"):
+            counting(steps[name], counter, calls)()
     assert calls == {"hf_generate/greedy": TINY.gen_new, "hf_generate/beam4": TINY.gen_new}
 
 

@@ -4,6 +4,7 @@ length, for the families and their references, as tables and JSON (and on a resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -11,6 +12,7 @@ import time
 import os
 import platform as host
 import re
+import statistics
 from dataclasses import asdict, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +30,7 @@ from attnlab.training.mfu import precision_dtype
 from attnlab.bench.memory import kv_cache_bytes, peak_bytes
 from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
-from attnlab.bench.timing import interleaved_medians
+from attnlab.bench.timing import interleaved_rounds
 from attnlab.errors import AttnlabError
 from attnlab.experiment.provenance import commit, context, measured_on
 from attnlab.generation.model_calls import CallCounter
@@ -60,8 +62,9 @@ def parse_args(argv):
                         help="untimed training steps per contender (default 8: on CPU torch.nn.Transformer's step "
                              "settles only after about 8); generation warms up with one call")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="timed training rounds; the median is reported (default 5). Generation times "
-                             "max(3, ROUNDS // 2) rounds after one warm-up call, and one round after a short "
+                        help="timed training rounds; the median is reported, and a ratio of two rows is the median of "
+                             "their per-round ratios (default 5). Generation times "
+                             "max(3, ROUNDS) rounds after one warm-up call, and one round after a short "
                              "warm-up call at batches of gen_one_round_from rows or more (preset 256)")
     parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
     parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")
@@ -140,8 +143,9 @@ def bench_training(shape, options, args, peaks, say):
     for size in PEAK_SIZES.get(options.device.type, PEAK_SIZES["cuda"]):
         matmuls[f"matmul {size}"] = matmul_step(size, options.device, dtype)
     say(f"training: {', '.join(steps)} ({args.rounds} interleaved rounds after {args.warmup} warm-up steps)")
-    seconds = interleaved_medians({**steps, **{n: step for n, (step, _) in matmuls.items()}},
-                                  args.warmup, args.rounds, options.device, say)
+    times = interleaved_rounds({**steps, **{n: step for n, (step, _) in matmuls.items()}},
+                               args.warmup, args.rounds, options.device, say)
+    seconds = {name: statistics.median(t) for name, t in times.items()}
     peaks["by_size"] = {name: flops / seconds.pop(name) for name, (_, flops) in matmuls.items()}
     peaks["measured"] = max(peaks["by_size"].values())
     results = {}
@@ -153,7 +157,7 @@ def bench_training(shape, options, args, peaks, say):
             shape.ed_len if family == "encoder_decoder" else shape.seq_len,
         )
         results[name] = {"seconds_per_step": s, "tokens_per_step": tokens[name],
-                         "tokens_per_s": tokens[name] / s, "flops_per_token": flops}
+                         "tokens_per_s": tokens[name] / s, "flops_per_token": flops, "round_seconds": times[name]}
     fastest = max(r["tokens_per_s"] * r["flops_per_token"] for r in results.values())
     peaks["raised_to_fastest_model"] = fastest > peaks["measured"]
     peaks["measured"] = max(peaks["measured"], fastest)
@@ -164,24 +168,25 @@ def bench_training(shape, options, args, peaks, say):
 
 
 def generation_rounds(shape: BenchShape, batch: int, rounds: int) -> tuple[int, int]:
-    """(timed rounds, new tokens of the warm-up call) at `batch`: max(3, rounds // 2) rounds after a
-    full-length warm-up call, or, from gen_one_round_from rows on, one round after a short one
-    (two blocks of tokens: enough for every compiled step to run, so any compiling happens there)."""
+    """(timed rounds, new tokens of the warm-up call) at `batch`: max(3, rounds) rounds after a
+    full-length warm-up call (the targets compare rows within a few per cent of each other, and a
+    round's ratios scatter by about 10 % on a shared CPU), or, from gen_one_round_from rows on, one
+    round after a short one (two blocks of tokens: enough for every compiled step to run, so any
+    compiling happens there)."""
     if batch >= shape.gen_one_round_from:
         return 1, min(shape.gen_new, 2 * shape.block_size)
-    return max(3, rounds // 2), shape.gen_new
+    return max(3, rounds), shape.gen_new
 
 
-def counting(decoding, calls: dict):
-    """`decoding.run`, counting its model calls into `calls[name]` the first time it runs."""
+def counting(decoding, counter: CallCounter | None, calls: dict):
+    """`decoding.run`, putting the model calls `counter` (open on its stack) sees into
+    `calls[name]` the first time it runs."""
 
     def run():
-        if decoding.stack is None or decoding.name in calls:
-            decoding.run()
-        else:
-            with CallCounter(decoding.stack) as counter:
-                decoding.run()
-            calls[decoding.name] = counter.calls
+        before = None if counter is None or decoding.name in calls else counter.calls
+        decoding.run()
+        if before is not None:
+            calls[decoding.name] = counter.calls - before
     return run
 
 
@@ -208,29 +213,35 @@ def bench_generation(shape, options, modules, args, say):
             f"{rounds} timed round{'s' * (rounds > 1)} after a warm-up call of {warmup_new} new tokens)")
         calls: dict[str, int] = {}
         warmup = int(warmup_new == shape.gen_new)
-        steps = {name: counting(decoding, calls) for name, decoding in contenders.items()}
         # Stacks compiled for training (--compile) run eagerly here, as attnlab's evaluation runs
         # them; the `_compiled` rows compile their own decode step (compiled_step.py). Warm-up:
         # one call each, which is where the decode steps compile. Calls are counted in each
         # contender's first full-length call: the warm-up, or after a short warm-up the timed one.
-        with torch.compiler.set_stance("force_eager"):
+        # The counters stay open on every stack from the warm-up to the last round: Dynamo guards
+        # on a module's hooks, so a step compiled with a counter's hook and timed without it
+        # would compile again in the first timed round.
+        with contextlib.ExitStack() as hooks, torch.compiler.set_stance("force_eager"):
+            stacks = {id(d.stack): d.stack for d in contenders.values() if d.stack is not None}
+            counters = {key: hooks.enter_context(CallCounter(stack)) for key, stack in stacks.items()}
+            steps = {name: counting(decoding, counters.get(id(decoding.stack)), calls)
+                     for name, decoding in contenders.items()}
             if warmup_new != shape.gen_new:
                 for name, decoding in generation_steps(shape, options, modules, references, hf, batch,
                                                        new=warmup_new).items():
                     say(f"  warming up {name} ({warmup_new} new tokens)")
                     decoding.run()
             first: dict[str, float] = {}
-            seconds = interleaved_medians(steps, warmup, rounds, options.device, say, first)
+            times = interleaved_rounds(steps, warmup, rounds, options.device, say, first)
         rows = {}
-        for name, s in seconds.items():
-            decoding = contenders[name]
+        for name, t in times.items():
+            decoding, s = contenders[name], statistics.median(t)
             n_calls = calls.get(name)
             rows[name] = {
                 "family": decoding.family, "decoding": decoding.decoding,
                 "mode": "compiled" if decoding.compiled else "eager",
                 "seconds": s, "tokens_per_s": batch * shape.gen_new / s,
                 "calls": n_calls, "calls_per_token": None if n_calls is None else n_calls / shape.gen_new,
-                "ms_per_token": 1000 * s / shape.gen_new,
+                "ms_per_token": 1000 * s / shape.gen_new, "round_seconds": t,
             }
         for name, row in rows.items():
             eager = rows.get(name.removesuffix("_compiled"))

@@ -2,7 +2,6 @@
 (another process, thermal throttling) hits all of them alike and the ratios stay fair."""
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
@@ -11,11 +10,11 @@ import torch
 from attnlab.training.flops import synchronize
 
 
-def interleaved_medians(steps: dict[str, Callable[[], None]], warmup: int, rounds: int,
-                        device: torch.device, progress: Callable[[str], None] = print,
-                        first: dict[str, float] | None = None) -> dict[str, float]:
-    """Median seconds per call of each step; `warmup` calls each first (allocator, compile), the
-    first of which `first` (if given) receives the seconds of."""
+def interleaved_rounds(steps: dict[str, Callable[[], None]], warmup: int, rounds: int,
+                       device: torch.device, progress: Callable[[str], None] = print,
+                       first: dict[str, float] | None = None) -> dict[str, list[float]]:
+    """Seconds of each step in each round (its list has one entry a round); `warmup` calls each
+    first (allocator, compile), the first of which `first` (if given) receives the seconds of."""
     for name, step in steps.items():
         progress(f"  warming up {name}")
         for call in range(warmup):
@@ -33,4 +32,4 @@ def interleaved_medians(steps: dict[str, Callable[[], None]], warmup: int, round
             synchronize(device)
             times[name].append(time.perf_counter() - started)
         progress(f"  round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times

@@ -20,7 +20,7 @@ class TokenEmbedding(nn.Module):
     columns, no loss ever reaches them: losses, sampling and the mask token are as unpadded.
     """
 
-    decode_weight: torch.Tensor | None = None  # the tied table (d_model, rows), while decoding (components/linear.py)
+    decode_weight: torch.Tensor | None = None  # the tied table's decoding copy (components/linear.py)
 
     def __init__(self, cfg: BackboneConfig, vocab_size: int, pad_id: int = 0):
         super().__init__()
@@ -46,7 +46,7 @@ class TokenEmbedding(nn.Module):
         if self.output is not None:
             logits = self.output(hidden)
         elif self.decode_weight is not None:
-            logits = rows_times(hidden, self.decode_weight)
+            logits = rows_times(hidden, self.weight, self.decode_weight)
         else:
             logits = F.linear(hidden, self.weight)
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]

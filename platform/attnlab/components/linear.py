@@ -1,19 +1,27 @@
-"""Wide weights laid out for decoding: a few rows times a matrix that is read, not reused.
+"""Weights laid out for decoding: a few rows times a matrix that is read, not reused.
 
-A decoding call multiplies one row per sequence by every weight of the model, so it streams the
-weights from memory and reuses none of them. On a CPU, BLAS reads a wide weight much faster stored
-(in, out) than as `nn.Linear` keeps it, (out, in): on 2 cores of an AMD EPYC, with the weights out
-of cache, a 1 x 256 row times the 8000 x 256 output projection took 1.0 ms as `F.linear` and
-0.36 ms against the transposed copy, the 768 x 256 q/k/v projection 98 against 53 us. Narrow
-weights (out < in: the feed-forward's down projection) read as fast as they are and are left
-alone. Hugging Face's GPT-2 keeps its block weights (in, out) for the same reason (its `Conv1D`).
+A decoding call multiplies one row per sequence (or per beam, or a block's few tokens) by every
+weight of the model, so it streams the weights from memory and reuses none of them. On a CPU, BLAS
+reads a wide weight much faster stored (in, out) than as `nn.Linear` keeps it, (out, in): on 2 cores
+of an AMD EPYC, with the weights out of cache, a 1 x 256 row times the 8000 x 256 output projection
+took 1.0 ms as `F.linear` and 0.36 ms against the transposed copy, the 768 x 256 q/k/v projection
+98 against 53 us. Hugging Face's GPT-2 keeps its block weights (in, out) for the same reason (its
+`Conv1D`).
 
 BLAS runs a one-row product on one thread, which gets about 60 % of the memory bandwidth two
 threads do. So the copy is kept as P = torch.get_num_threads() blocks of rows (P, in / P, out),
 and a single row is multiplied as P partial products in one `bmm`, one block per thread, then
-summed (the output projection: 0.36 -> 0.26 ms). More rows use the copy as one (in, out) matrix.
+summed (the output projection: 0.36 -> 0.26 ms). Narrow weights (the feed-forward's down
+projection) read about as fast either way eagerly, but a compiled graph lowers a one-row product
+by them to its own loop (about 6 % of a compiled batch-1 step), so they get the copy too.
 
-`decode_layout(model)` gives every wide weight of a CPU model its copy for the length of a decode
+Two to `FEW_ROWS` rows (beam search's 4 beams of one source, a block-diffusion block of one row)
+are slow both ways, because BLAS splits a product over its rows: the transposed product
+weight @ xᵀ, over the weight's rows, read its 8000 x 256 output projection in 0.6 against 1.5 ms
+at 4 rows, and took an EncoderDecoder beam step at batch 1 from 6.3 to 5.1 ms eagerly and from 5.4 to 3.7 ms
+compiled. More rows use the copy as one (in, out) matrix.
+
+`decode_layout(model)` gives every weight of a CPU model its copy for the length of a decode
 (training changes the weights between decodes, so none outlives it); `Linear` and
 `TokenEmbedding.logits` multiply by it when it is there. The products are `F.linear`'s to float
 rounding: for some row counts BLAS sums in another order in the two layouts.
@@ -40,18 +48,25 @@ _LIBRARY.impl("split_row", _split_row, "CPU")
 torch.library.register_fake("attnlab::split_row", lambda row, blocks: row.new_empty(1, blocks.shape[2]))
 
 
-def rows_times(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., in) times a decoding copy (P, in / P, out), plus bias: `F.linear` with the weight
-    stored transposed, in blocks."""
+FEW_ROWS = 4  # products of 2 .. FEW_ROWS rows read the weight as it is, over its rows
+
+
+def rows_times(x: torch.Tensor, weight: torch.Tensor, blocks: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., in) times weight (out, in), plus bias: `F.linear`, computed from the weight's
+    decoding copy `blocks` (P, in / P, out) or, for a few rows, as (weight @ xᵀ)ᵀ."""
     parts, _, width = blocks.shape
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] == 1 and parts > 1:
         out = (torch.ops.attnlab.split_row if torch.compiler.is_compiling() else _split_row)(rows, blocks)
         out = out if bias is None else out + bias
+    elif 1 < rows.shape[0] <= FEW_ROWS:
+        out = (weight @ rows.t()).t()
+        out = out if bias is None else out + bias
     else:
         weight_t = blocks.view(-1, width)
         out = rows @ weight_t if bias is None else torch.addmm(bias, rows, weight_t)
-    return out.view(*x.shape[:-1], width)
+    return out.reshape(*x.shape[:-1], width)
 
 
 class Linear(nn.Linear):
@@ -62,16 +77,16 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.decode_weight is None:
             return F.linear(x, self.weight, self.bias)
-        return rows_times(x, self.decode_weight, self.bias)
+        return rows_times(x, self.weight, self.decode_weight, self.bias)
 
 
-def _wide(module: nn.Module) -> bool:
-    """A plain CPU weight (out, in) with out >= in. A sharded FSDP weight is not whole outside its
-    forward and a GPU's BLAS reads both layouts alike, so they are left alone; so is an untied
-    embedding table, which is only looked up (its `output` Linear multiplies)."""
+def _laid_out(module: nn.Module) -> bool:
+    """A plain CPU weight (out, in). A sharded FSDP weight is not whole outside its forward and a
+    GPU's BLAS reads both layouts alike, so they are left alone; so is an untied embedding table,
+    which is only looked up (its `output` Linear multiplies)."""
     weight = getattr(module, "weight", None)
     return (getattr(module, "output", None) is None and type(weight) is nn.Parameter
-            and weight.device.type == "cpu" and weight.dim() == 2 and weight.shape[0] >= weight.shape[1])
+            and weight.device.type == "cpu" and weight.dim() == 2)
 
 
 def decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
@@ -82,11 +97,11 @@ def decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def decode_layout(model: nn.Module):
-    """Within the block, every wide weight of `model`'s modules that read `decode_weight`
+    """Within the block, every weight of `model`'s modules that read `decode_weight`
     (`Linear`, `TokenEmbedding`) has its decoding copy. Re-entrant: an inner block keeps the
     copies of an outer one."""
     given = [m for m in model.modules()
-             if hasattr(type(m), "decode_weight") and m.decode_weight is None and _wide(m)]
+             if hasattr(type(m), "decode_weight") and m.decode_weight is None and _laid_out(m)]
     parts = torch.get_num_threads()
     try:
         for module in given:
