@@ -18,8 +18,8 @@ by them to its own loop (about 6 % of a compiled batch-1 step), so they get the 
 Two to `FEW_ROWS` rows (beam search's 4 beams of one source, a block-diffusion block of one row)
 are slow both ways, because BLAS splits a product over its rows: the transposed product
 weight @ xᵀ, over the weight's rows, read its 8000 x 256 output projection in 0.6 against 1.5 ms
-at 4 rows, and took an EncoderDecoder beam step at batch 1 from 6.3 to 5.1 ms eagerly and from 5.4 to 3.7 ms
-compiled. More rows use the copy as one (in, out) matrix.
+at 4 rows, and took an EncoderDecoder beam step at batch 1 from 6.3 to 5.1 ms eagerly and from
+5.4 to 3.7 ms compiled. More rows use the copy as one (in, out) matrix.
 
 `decode_layout(model)` gives every weight of a CPU model its copy for the length of a decode
 (training changes the weights between decodes, so none outlives it); `Linear` and
@@ -57,15 +57,16 @@ def rows_times(x: torch.Tensor, weight: torch.Tensor, blocks: torch.Tensor,
     decoding copy `blocks` (P, in / P, out) or, for a few rows, as (weight @ xᵀ)ᵀ."""
     parts, _, width = blocks.shape
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] == 1 and parts > 1:
-        out = (torch.ops.attnlab.split_row if torch.compiler.is_compiling() else _split_row)(rows, blocks)
-        out = out if bias is None else out + bias
-    elif 1 < rows.shape[0] <= FEW_ROWS:
-        out = (weight @ rows.t()).t()
-        out = out if bias is None else out + bias
-    else:
+    n = rows.shape[0]
+    if n > FEW_ROWS or (n == 1 and parts == 1):
         weight_t = blocks.view(-1, width)
         out = rows @ weight_t if bias is None else torch.addmm(bias, rows, weight_t)
+    else:
+        if n == 1:
+            out = (torch.ops.attnlab.split_row if torch.compiler.is_compiling() else _split_row)(rows, blocks)
+        else:
+            out = (weight @ rows.t()).t()
+        out = out if bias is None else out + bias
     return out.reshape(*x.shape[:-1], width)
 
 
