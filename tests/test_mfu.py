@@ -9,7 +9,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.training import mfu as mfu_module
-from attnlab.training.mfu import MFU
+from attnlab.training.mfu import MEASURED_PEAK_NOISE, MFU
 from data_modules.batch import Example, collate
 from test_bench import TINY, math_module
 
@@ -85,6 +85,22 @@ def test_a_step_faster_than_the_peak_is_flagged_and_the_peak_does_not_move():
         warnings.simplefilter("always")
         assert mfu(3e12) == 3.0
     assert not again and mfu.above_peak == 2  # warned once per run, every such step counted
+
+
+def test_a_step_within_a_measured_peaks_noise_is_counted_but_not_warned_about():
+    """A measured peak taken in a slow second reads low (a CI step reached 1.0x of one); only a step
+    MEASURED_PEAK_NOISE times above it warns. A data sheet's peak has no noise: any step above warns."""
+    measured = MFU(peak=1e12, source="measured")
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        assert measured(1.2e12) == pytest.approx(1.2) and measured(1e12 * MEASURED_PEAK_NOISE) == MEASURED_PEAK_NOISE
+    assert not quiet and measured.above_peak == 2
+    with pytest.warns(UserWarning, match="above the measured peak"):
+        measured(1.01e12 * MEASURED_PEAK_NOISE)
+    sheet = MFU(peak=1e12, source="data sheet")
+    with pytest.warns(UserWarning, match="above the data sheet peak"):
+        assert sheet(1.01e12) == pytest.approx(1.01)
+    assert sheet.above_peak == 1
 
 
 def test_only_rank_zero_warns_about_a_step_above_the_peak(monkeypatch):

@@ -16,6 +16,10 @@ from attnlab.training.flops import measured_peak, table_peak
 
 # Smaller than the bench's sizes: measured once per fit, it should cost about a second.
 FIT_PEAK_SIZES = {"cpu": (256, 512, 1024)}
+# A measured peak is one second on a machine shared with other work: measured in a slow second,
+# it reads low, and a real step reached 1.0x of it in CI. Only a step this far above it proves
+# the peak wrong rather than noisy; a data sheet's peak has no noise, so any step above it does.
+MEASURED_PEAK_NOISE = 1.5
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -34,13 +38,14 @@ class MFU:
     """FLOP/s → fraction of the run's one peak, fixed for the whole run (the data sheet's, or the one
     measured at the start of the fit), so every step of a run is divided by the same number.
 
-    A step faster than the peak proves the peak too low (a measured one below what a real step
-    reached, or a wrong data-sheet entry): its true ratio (> 1) is logged, not hidden, and rank zero
-    warns once, in one line. `above_peak` counts such steps."""
+    A step faster than the peak logs its true ratio (> 1), not a hidden one, and `above_peak`
+    counts such steps. A step faster than the data sheet's peak, or `MEASURED_PEAK_NOISE` times a
+    measured one, proves the peak wrong: rank zero warns once, in one line."""
 
     def __init__(self, peak: float, source: str):
         self.peak, self.source = peak, source
-        self.above_peak = 0
+        self.above_peak, self.warned = 0, False
+        self.warn_above = peak * (MEASURED_PEAK_NOISE if source == "measured" else 1.0)
 
     @classmethod
     def for_device(cls, device: torch.device, precision: str) -> "MFU":
@@ -50,10 +55,10 @@ class MFU:
         return cls(_measured(device, precision_dtype(precision)), "measured")
 
     def __call__(self, flops_per_s: float) -> float:
-        if flops_per_s > self.peak:
-            if not self.above_peak:
-                rank_zero_warn(f"a training step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the {self.source} "
-                               f"peak of {self.peak / 1e12:.3f} TFLOP/s that train/mfu divides by: the {self.source} "
-                               "peak is below a real step's rate, so train/mfu reads above 1 for such steps")
-            self.above_peak += 1
+        if flops_per_s > self.warn_above and not self.warned:
+            self.warned = True
+            rank_zero_warn(f"a training step ran at {flops_per_s / 1e12:.3f} TFLOP/s, above the {self.source} "
+                           f"peak of {self.peak / 1e12:.3f} TFLOP/s that train/mfu divides by: the {self.source} "
+                           "peak is below a real step's rate, so train/mfu reads above 1 for such steps")
+        self.above_peak += flops_per_s > self.peak
         return flops_per_s / self.peak
