@@ -219,9 +219,9 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
     torch.compiler.reset()
     out = tmp_path / "bench.json"
     new, block = 12, 4
-    # Batch 2 reaches gen_one_round_from: one timed round after a warm-up call of two blocks.
+    # Batch 2 reaches gen_few_rounds_from: two timed rounds after a warm-up call of two blocks.
     shape = ["--set", "vocab=97", "d_model=32", "n_layers=1", "n_heads=4", "d_ff=64", "ed_len=8", "gen_batches=1,2",
-             "gen_prompt=4", f"gen_new={new}", f"block_size={block}", "gen_one_round_from=2"]
+             "gen_prompt=4", f"gen_new={new}", f"block_size={block}", "gen_few_rounds_from=2", "gen_few_rounds=2"]
     result = cli("bench", "--only", "generate", "--rounds", "1", "--warmup", "0", "--no-hf", "--device", "cpu",
                  *shape, "-o", out)
     torch.compiler.reset()
@@ -258,6 +258,7 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
             else:  # eager, or batch 2's short warm-up (other decodings), which times no compile
                 assert "compile_s" not in row
             assert row["calls_per_token"] == pytest.approx(row["calls"] / new)
+            assert len(row["round_seconds"]) == (3 if batch == "1" else 2)  # max(3, --rounds 1); gen_few_rounds
             assert row["tokens_per_s"] == pytest.approx(int(batch) * new / row["seconds"])
             assert row["ms_per_token"] == pytest.approx(1000 * row["seconds"] / new)
     # The table: a line per decoding, eager and compiled side by side.
@@ -271,7 +272,7 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
     c = data["generation"]["1"]["decoder_only/greedy_compiled"]
     assert f"{c['ms_per_token']:.2f} | {c['compile_s']:.1f} |" in result.out
     assert "3 timed rounds after a warm-up call of 12 new tokens" in result.out  # batch 1
-    assert "1 timed round after a warm-up call of 8 new tokens" in result.out  # batch 2
+    assert "2 timed rounds after a warm-up call of 8 new tokens" in result.out  # batch 2
     assert "compiled during the timed rounds" not in result.out  # the short warm-up compiled batch 2's steps
     targets = {check["what"] for check in data["targets"]}
     assert {"DecoderOnly beam, compiled vs eager, batch 2",

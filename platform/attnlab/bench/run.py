@@ -64,8 +64,8 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=5,
                         help="timed training rounds; the median is reported, and a ratio of two rows is the median of "
                              "their per-round ratios (default 5). Generation times "
-                             "max(3, ROUNDS) rounds after one warm-up call, and one round after a short "
-                             "warm-up call at batches of gen_one_round_from rows or more (preset 256)")
+                             "max(3, ROUNDS) rounds after one warm-up call, and gen_few_rounds (preset 2) after a "
+                             "short warm-up call at batches of gen_few_rounds_from rows or more (preset 256)")
     parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
     parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
@@ -170,11 +170,11 @@ def bench_training(shape, options, args, peaks, say):
 def generation_rounds(shape: BenchShape, batch: int, rounds: int) -> tuple[int, int]:
     """(timed rounds, new tokens of the warm-up call) at `batch`: max(3, rounds) rounds after a
     full-length warm-up call (the targets compare rows within a few per cent of each other, and a
-    round's ratios scatter by about 10 % on a shared CPU), or, from gen_one_round_from rows on, one
-    round after a short one (two blocks of tokens: enough for every compiled step to run, so any
-    compiling happens there)."""
-    if batch >= shape.gen_one_round_from:
-        return 1, min(shape.gen_new, 2 * shape.block_size)
+    round's ratios scatter by about 10 % on a shared CPU), or, from gen_few_rounds_from rows on,
+    gen_few_rounds after a short one (two blocks of tokens: enough for every compiled step to run,
+    so any compiling happens there)."""
+    if batch >= shape.gen_few_rounds_from:
+        return shape.gen_few_rounds, min(shape.gen_new, 2 * shape.block_size)
     return max(3, rounds), shape.gen_new
 
 

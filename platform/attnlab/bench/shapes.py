@@ -23,10 +23,12 @@ class BenchShape:
     # evaluation batch, where the matmuls do.
     gen_batches: tuple[int, ...] = (1, 16, 256)
     gen_beam: int = 4  # the beam of the beam-search rows (DecoderOnly, EncoderDecoder, HF generate)
-    # Batches this large or larger: one timed round after a short warm-up call (2 blocks of new
-    # tokens, where any compiling happens) instead of max(3, rounds) rounds after a full one:
-    # on 2 CPU cores one 128-token beam search at batch 256 takes 25-70 s.
-    gen_one_round_from: int = 256
+    # Batches this large or larger: gen_few_rounds timed rounds after a short warm-up call (2 blocks
+    # of new tokens, where any compiling happens) instead of max(3, rounds) rounds after a full
+    # one: on 2 CPU cores one 128-token beam search at batch 256 takes 25-70 s. Two rounds, not
+    # one, so that their twin rows' ratio is paired too (a round's ratios scatter by a few %).
+    gen_few_rounds_from: int = 256
+    gen_few_rounds: int = 2
     reference_max_batch: int = 16  # nn.Transformer (no cache) re-decodes every prefix: not beyond this
     gen_prompt: int = 32
     gen_new: int = 128
