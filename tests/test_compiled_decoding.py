@@ -283,10 +283,12 @@ def test_a_model_is_collected_after_compiled_decoding_and_its_step_is_reused(mon
     assert len(compiles) <= 2  # one per kind of step (token, stack) at most, whatever the model or decode
 
 
-def test_every_kind_of_compiled_call_stays_compiled_in_one_process(caplog):
+def test_every_kind_of_compiled_call_stays_compiled_in_one_process(caplog, monkeypatch):
     """Dynamo keeps at most 8 graphs per function and runs it eagerly past that, silently, apart
     from a log line: greedy, beam and block-diffusion decodes of all three families at two batch
-    sizes in one process stay within the limit."""
+    sizes in one process stay within the limit. Each call is one graph (fullgraph: a graph break
+    raises): a block call's symbolic is_causal once broke it at every attention layer."""
+    monkeypatch.setattr(compiled_step, "FULLGRAPH", True)
     torch.manual_seed(0)
     cfg = config("rope")
     decoder, encdec = DecoderOnlyModel(cfg, VOCAB, PAD).eval(), EncoderDecoderModel(cfg, VOCAB, PAD).eval()

@@ -148,7 +148,11 @@ def cached_forward(stack, tokens, valid, slots, row_end, keys, caches, context_m
     states (B, n, d), or with `last_only` the logits (B, V) of its last token. A real token's
     position is its slot, so positions need no bookkeeping of their own."""
     mask = step_mask(valid, slots, row_end, keys, noisy, causal) if masked else None
-    is_causal = not masked and noisy == 0 and tokens.shape[1] > 1
+    # A branch, not the condition's value: compiled with dynamic shapes the token count is symbolic,
+    # and SDPA takes no symbolic is_causal (it broke a block call's graph at every attention layer).
+    is_causal = False
+    if not masked and noisy == 0 and tokens.shape[1] > 1:
+        is_causal = True
     hidden, _ = stack(tokens, slots, mask=mask, is_causal=is_causal, key_positions=keys, caches=caches,
                       context_mask=context_mask)
     return stack.embedding.logits(hidden[:, -1]) if last_only else hidden
