@@ -34,8 +34,8 @@ def test_a_width_the_threads_do_not_divide_is_one_block():
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_decoding_products_compile_into_one_graph(rows):
-    """fullgraph: neither the thread count nor the one-row product (an operator) nor the few-row
-    one may break the graph, and the operator's fake shape must match what it returns."""
+    """fullgraph: neither the thread count nor the one-row product nor the few-row one may break
+    the graph."""
     torch.manual_seed(0)
     weight, bias, x = torch.randn(64, 32), torch.randn(64), torch.randn(rows, 1, 32)
     compiled = torch.compile(rows_times, backend="aot_eager", fullgraph=True)
@@ -87,3 +87,48 @@ def test_decoding_with_the_copies_gives_the_logits_of_the_module_weights(tie, mo
             plain_tokens, plain_logits = generate(net, batch, **kwargs)
         assert tokens == plain_tokens
         torch.testing.assert_close(logits, plain_logits)
+
+
+def _copies(net) -> dict:
+    with decode_layout(net):
+        return {name: m.decode_weight for name, m in net.named_modules() if m.__dict__.get("decode_weight") is not None}
+
+
+def _write_under_no_grad(net):
+    with torch.no_grad():
+        net.stack.layers[0].ffn.inner.up.weight.mul_(2)
+
+
+def _optimizer_step(net):
+    net.zero_grad()
+    net(torch.tensor([[1, 2, 3]])).sum().backward()
+    torch.optim.AdamW(net.parameters(), lr=0.1).step()
+
+
+def _load_state_dict(net):
+    net.load_state_dict({k: v + 1 for k, v in net.state_dict().items()})
+
+
+def _new_data(net):
+    up = net.stack.layers[0].ffn.inner.up
+    up.weight.data = up.weight.detach() * 3
+
+
+@pytest.mark.parametrize("change", [_write_under_no_grad, _optimizer_step, _load_state_dict, _new_data])
+def test_a_decode_reuses_the_last_copies_until_their_weight_changes(change):
+    """Copies outlive their decode (making them is a transpose of every weight) and are reused
+    while the weight is what they were copied from; after any change the next decode copies it
+    again, so it never multiplies by a stale weight."""
+    net = model(True)
+    first = _copies(net)
+    again = _copies(net)
+    assert all(again[name] is first[name] for name in first)
+    change(net)
+    after = _copies(net)
+    modules = dict(net.named_modules())
+    changed = {name for name in first if after[name] is not first[name]}
+    assert "stack.layers.0.ffn.inner.up" in changed
+    for name in first:
+        weight = modules[name].weight
+        torch.testing.assert_close(after[name].reshape(-1, weight.shape[0]), weight.t(), rtol=0, atol=0)
+    assert not any("decode_weight" in m.__dict__ for m in net.modules())

@@ -1,1 +1,1 @@
-"""The one place that touches other libraries' private API (Lightning, sacreBLEU), each name behind a version guard."""
+"""The one place that touches other libraries' private API (Lightning, sacreBLEU, torch), each name behind a version guard."""
