@@ -1,17 +1,22 @@
 """Decoding's weight layout (components/linear.py, issue 33): weights are multiplied from an
 (in, out) copy in thread blocks, or a few rows as weight @ xᵀ, while a decode runs. Checked
 against `F.linear` on the original weights, eagerly and inside a compiled graph, and by decoding
-with and without the copies."""
+with and without the copies; the copies are kept between decodes only while their weights are
+what they were copied from."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab import BackboneConfig
-from attnlab.components.linear import Linear, decode_layout, decoding_copy, rows_times
+from attnlab import BackboneConfig, DecoderOnly
+from attnlab.components import linear as layout
+from attnlab.components.linear import (Linear, decode_layout, decoding_copy, forget_decoding_copies,
+                                       kept_decoding_copy, rows_times)
 from attnlab.generation import loop
 from attnlab.generation.decoder_only import generate
 from attnlab.models.decoder_only import DecoderOnlyModel
@@ -117,8 +122,8 @@ def _new_data(net):
 @pytest.mark.parametrize("change", [_write_under_no_grad, _optimizer_step, _load_state_dict, _new_data])
 def test_a_decode_reuses_the_last_copies_until_their_weight_changes(change):
     """Copies outlive their decode (making them is a transpose of every weight) and are reused
-    while the weight is what they were copied from; after any change the next decode copies it
-    again, so it never multiplies by a stale weight."""
+    while the weight is what they were copied from; after any of these changes the next decode
+    copies it again."""
     net = model(True)
     first = _copies(net)
     again = _copies(net)
@@ -132,3 +137,69 @@ def test_a_decode_reuses_the_last_copies_until_their_weight_changes(change):
         weight = modules[name].weight
         torch.testing.assert_close(after[name].reshape(-1, weight.shape[0]), weight.t(), rtol=0, atol=0)
     assert not any("decode_weight" in m.__dict__ for m in net.modules())
+
+
+def test_new_data_that_starts_at_the_old_address_is_copied_again():
+    """Fewer rows of the same storage: the same address and version counter, another weight."""
+    base = torch.randn(7, 4)
+    weight = torch.nn.Parameter(base[:6])
+    first = kept_decoding_copy(weight, 2)
+    weight.data = base[:5]
+    assert weight.data_ptr() == base.data_ptr()
+    assert kept_decoding_copy(weight, 2) is not first
+    torch.testing.assert_close(kept_decoding_copy(weight, 2).reshape(-1, 5), base[:5].t(), rtol=0, atol=0)
+
+
+def test_another_thread_count_gets_its_own_blocks():
+    weight = torch.nn.Parameter(torch.randn(6, 4))
+    assert kept_decoding_copy(weight, 2).shape == (2, 2, 6)
+    assert kept_decoding_copy(weight, 4).shape == (4, 1, 6)
+    assert kept_decoding_copy(weight, 4) is kept_decoding_copy(weight, 4)
+
+
+def test_a_kept_copy_does_not_keep_its_model_alive():
+    net = model(True)
+    _copies(net)
+    weight = weakref.ref(net.stack.layers[0].ffn.inner.up.weight)
+    assert weight() in layout._KEPT
+    del net
+    gc.collect()
+    assert weight() is None
+
+
+def test_copies_made_in_inference_mode_serve_a_decode_outside_it():
+    """A validation decodes in inference mode, a later decode (generate, the bench) in no_grad:
+    the copy must be an ordinary tensor. A weight made in inference mode has no version counter
+    and is copied at every decode."""
+    weight = torch.nn.Parameter(torch.randn(6, 4))
+    with torch.inference_mode():
+        copy = kept_decoding_copy(weight, 2)
+        assert not copy.is_inference()
+        inference_weight = torch.randn(6, 4)
+        assert kept_decoding_copy(inference_weight, 2) is not kept_decoding_copy(inference_weight, 2)
+    assert kept_decoding_copy(weight, 2) is copy
+
+
+@pytest.mark.parametrize("hook", ["on_validation_epoch_start", "on_test_epoch_start", "on_predict_epoch_start"])
+def test_every_evaluation_decodes_from_fresh_copies(hook):
+    """Lightning's EMA callback swaps the averaged weights in through `weight.data.copy_`, which
+    neither moves the version counter nor the storage: a family forgets its copies whenever an
+    evaluation starts, so that one decodes the weights it was given."""
+    torch.manual_seed(0)
+    family = DecoderOnly(backbone={"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "dropout": 0.0},
+                         vocab_size=40).eval()
+    up = family.model.stack.layers[0].ffn.inner.up
+    before = _copies(family)["model.stack.layers.0.ffn.inner.up"]
+    up.weight.data.copy_(torch.randn_like(up.weight))
+    assert _copies(family)["model.stack.layers.0.ffn.inner.up"] is before  # unseen by the copies
+    getattr(family, hook)()
+    after = _copies(family)["model.stack.layers.0.ffn.inner.up"]
+    torch.testing.assert_close(after.reshape(-1, up.weight.shape[0]), up.weight.t(), rtol=0, atol=0)
+
+
+def test_forgetting_drops_only_that_models_copies():
+    one, other = model(True), model(False)
+    kept_one, kept_other = _copies(one), _copies(other)
+    forget_decoding_copies(one)
+    assert all(_copies(one)[name] is not kept_one[name] for name in kept_one)
+    assert all(_copies(other)[name] is kept_other[name] for name in kept_other)

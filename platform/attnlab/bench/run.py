@@ -64,7 +64,7 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=5,
                         help="timed training rounds; the median is reported, and a ratio of two rows is the median of "
                              "their per-round ratios (default 5). Generation times "
-                             "max(3, ROUNDS) rounds after one warm-up call, and gen_few_rounds (preset 2) after a "
+                             "max(3, ROUNDS) rounds after one warm-up call, and gen_few_rounds (preset 3) after a "
                              "short warm-up call at batches of gen_few_rounds_from rows or more (preset 256)")
     parser.add_argument("--batch", type=int, help="decoder rows per training step (preset: 16)")
     parser.add_argument("--seq-len", type=int, help="decoder tokens per row (preset: 256 on cpu)")

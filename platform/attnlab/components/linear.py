@@ -10,10 +10,10 @@ took 1.0 ms as `F.linear` and 0.36 ms against the transposed copy, the 768 x 256
 
 BLAS runs a one-row product on one thread, which gets about 60 % of the memory bandwidth two
 threads do. So the copy is kept as P = torch.get_num_threads() blocks of rows (P, in / P, out),
-and a single row is multiplied as P partial products in one `bmm`, one block per thread, then
-summed (the output projection: 0.36 -> 0.26 ms). Narrow weights (the feed-forward's down
-projection) read about as fast either way eagerly, but a compiled graph lowers a one-row product
-by them to its own loop (about 6 % of a compiled batch-1 step), so they get the copy too.
+and a single row is multiplied as P partial products in one batched product, one block per
+thread, then summed (the output projection: 0.36 -> 0.26 ms). Narrow weights (the feed-forward's
+down projection) read about as fast either way eagerly, but a compiled graph lowers a one-row
+product by them to its own loop (about 6 % of a compiled batch-1 step), so they get the copy too.
 
 Two to `FEW_ROWS` rows (beam search's 4 beams of one source, a block-diffusion block of one row)
 are slow both ways, because BLAS splits a product over its rows: the transposed product
@@ -29,9 +29,11 @@ Making the copies is a transpose of every weight: 12-17 ms for the bench's 5M-pa
 cores, 0.1 ms a token of a 128-token decode at batch 1, about 7 % of it compiled. So a weight keeps
 its copy between decodes (`_KEPT`, for as long as the weight lives) and the next decode reuses it
 unless the weight has changed since: an optimizer step, `load_state_dict` or any in-place write
-bumps the tensor's version counter, and new data (`weight.data = ...`) moves its storage. (A write
-through `weight.data`, which bypasses the counter, is the one change not seen.) A CPU model that
-has decoded thus holds its weights twice, as it already did during the decode.
+bumps the tensor's version counter, and new data (`weight.data = ...`) is another tensor. A write
+through `weight.data` bypasses the counter: Lightning's weight averaging (EMA) swaps weights that
+way, so a family forgets its copies at the start of every validation, test and predict epoch
+(`forget_decoding_copies`). A CPU model that has decoded holds its weights twice, as it already
+did during the decode.
 """
 from __future__ import annotations
 
@@ -104,17 +106,30 @@ def decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
     return weight.detach().t().contiguous().view(parts, -1, weight.shape[0])
 
 
-# weight -> ((its version counter, storage, thread blocks) when copied, the copy)
+# weight -> (what the copy was made from: an alias of the weight, its version, the thread blocks; the copy)
 _KEPT: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def kept_decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """`decoding_copy(weight, parts)`, made again only when the weight has changed since the last one."""
-    made_from = (private_api.get(weight, "_version"), weight.data_ptr(), parts)
+    """`decoding_copy(weight, parts)`, made again only when the weight has changed since the last
+    one. The alias (a `detach()`, which shares the weight's storage but not the Parameter) keeps
+    that storage alive, so new data can never take its address and pass for it. A copy is made
+    outside inference mode, so that a decode outside it can reuse a copy made in a validation; an
+    inference tensor as weight has no version counter and is copied every time."""
+    if weight.is_inference():
+        return decoding_copy(weight, parts)
+    version = private_api.get(weight, "_version")
     kept = _KEPT.get(weight)
-    if kept is None or kept[0] != made_from:
-        kept = _KEPT[weight] = (made_from, decoding_copy(weight, parts))
-    return kept[1]
+    if kept is None or not (kept[0].is_set_to(weight) and kept[1] == version and kept[2] == parts):
+        with torch.inference_mode(False):
+            kept = _KEPT[weight] = (weight.detach(), version, parts, decoding_copy(weight, parts))
+    return kept[3]
+
+
+def forget_decoding_copies(model: nn.Module) -> None:
+    """Drop the kept copies of `model`'s weights: the next decode copies them again."""
+    for weight in model.parameters():
+        _KEPT.pop(weight, None)
 
 
 @contextlib.contextmanager
