@@ -23,9 +23,10 @@ from attnlab.generation.model_calls import count_compiled_call
 # generation.compile "auto": compile a run's decoding when it makes at least this many calls. The
 # bench's generation tables give, per batch, a compiled row's compile seconds and the calls whose
 # saving over eager wins them back (docs/results/bench.md). On 2 CPU cores, for its 4-layer
-# 256-wide model, greedy decoding at batch 1 compiled in about 20-27 s and paid after about 47,000
-# (EncoderDecoder) and 52,000 (DecoderOnly) calls; a decoding that saves less per call (block
-# diffusion with 2 steps a block) needs many more, and auto may compile such a run at a loss.
+# 256-wide model, greedy decoding at batch 1 compiled in about 28-32 s and paid after about 27,000
+# (EncoderDecoder) and 33,000 (DecoderOnly) calls, in the run of d37c341 (earlier runs: up to
+# 59,000); a decoding that saves less per call (block diffusion with 1 step a block: 81,000)
+# needs more, and auto may compile such a run at a loss.
 COMPILE_PAYS_FROM_CALLS = 50_000
 
 BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same captured graph)
