@@ -68,8 +68,8 @@ def _monitor_candidates_of_a_stub_trainer() -> dict:
 
 
 def _in_place_writes_bump_the_version() -> bool:
-    """Every way attnlab's weights change in place moves the counter: an optimizer step (foreach,
-    the default), load_state_dict's copy and a write under no_grad."""
+    """Every way attnlab's weights change in place moves the counter: an optimizer step (AdamW
+    as built by default), load_state_dict's copy and a write under no_grad."""
     weight = torch.nn.Parameter(torch.ones(3))
     seen = [private.get(weight, "_version")]
     weight.grad = torch.ones(3)

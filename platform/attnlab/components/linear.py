@@ -119,11 +119,12 @@ def kept_decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
     if weight.is_inference():
         return decoding_copy(weight, parts)
     version = private_api.get(weight, "_version")
-    kept = _KEPT.get(weight)
-    if kept is None or not (kept[0].is_set_to(weight) and kept[1] == version and kept[2] == parts):
+    alias, kept_version, kept_parts, copy = _KEPT.get(weight, (None, None, None, None))
+    if copy is None or not (alias.is_set_to(weight) and kept_version == version and kept_parts == parts):
         with torch.inference_mode(False):
-            kept = _KEPT[weight] = (weight.detach(), version, parts, decoding_copy(weight, parts))
-    return kept[3]
+            copy = decoding_copy(weight, parts)
+            _KEPT[weight] = (weight.detach(), version, parts, copy)
+    return copy
 
 
 def forget_decoding_copies(model: nn.Module) -> None:
