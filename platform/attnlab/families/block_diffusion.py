@@ -185,7 +185,7 @@ class BlockDiffusion(FamilyModule):
         _, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator, draw)
         if self.training and self.resample:
             masked = resample_masks(masked, blocks, t_token, self.block_size, low, high, generator)
-        clean, clean_blocks = frame.clean, frame.clean_blocks
+        clean, clean_blocks = self._clean_half(frame, self.training)
         if self.training and self.complementary_masks:  # the second copy's t is 1 - t: its marginal
             masked = torch.cat((masked, ~masked & (blocks >= 0)))
             t_token = torch.cat((t_token, 1 - t_token))
@@ -213,6 +213,14 @@ class BlockDiffusion(FamilyModule):
             dense[masked] = smoothed * weight
             return loss, nll, dense[:rows]
         return loss, nll
+
+    def _clean_half(self, frame: BlockFrame, training: bool):
+        """The clean tokens of the joint pass: only the columns noisy tokens read
+        (`BlockFrame.read_width`; for one block, the prefix alone), or all of them when training
+        with the AR loss, which predicts from every clean position. The rest would change nothing
+        the loss reads, and the ledger counts what runs."""
+        width = frame.clean.shape[1] if training and self.ar_loss_weight else frame.read_width
+        return frame.clean[:, :width], frame.clean_blocks[:, :width]
 
     def _ar_loss(self, frame: BlockFrame, clean_hidden: torch.Tensor):
         """Per-row next-token loss of the clean half (B,): the clean token at p - 1 predicts the
@@ -257,7 +265,8 @@ class BlockDiffusion(FamilyModule):
         masked = int((blocks >= 0).sum()) * (1.0 if self.complementary_masks else (low + high) / 2)
         if self.ar_loss_weight:
             masked += int(frame.n_targets.sum())
-        return self.flop_counter.step(copies * len(target), target.shape[1] + frame.clean.shape[1], masked)
+        clean, _ = self._clean_half(frame, training=True)
+        return self.flop_counter.step(copies * len(target), target.shape[1] + clean.shape[1], masked)
 
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:

@@ -76,8 +76,9 @@ class BlockDiffusionModel(nn.Module):
         if not self.shift:
             return noisy_hidden
         before = noisy_positions - 1
-        if clean_positions is None:  # right-padded: a clean token's column is its position
-            column = before.clamp(min=0)
+        if clean_positions is None:  # right-padded: a clean token's column is its position (the
+            # clean half may stop at the columns noisy tokens read: a block's first token reads one)
+            column = before.clamp(min=0, max=clean_hidden.shape[1] - 1)
         else:  # left-padded (the uncached sampler): the real clean token at that position
             same = (clean_positions[:, None, :] == before[:, :, None]) & (clean_blocks >= 0)[:, None, :]
             column = same.long().argmax(-1)

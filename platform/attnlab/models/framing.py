@@ -91,6 +91,18 @@ class BlockFrame:
     block_size: int
     pad: int
 
+    @property
+    def read_width(self) -> int:
+        """The clean columns the joint pass needs. A noisy token sees the clean tokens of strictly
+        earlier blocks, so with one block per row it reads the prefix alone: masked diffusion over
+        the whole target (MDLM) has no clean half to pay for. With several blocks every clean
+        column is kept, though no noisy token reads a row's last block either: dropping it saves
+        1 / blocks of the clean half, and changes the backward's sums in their last bits, so runs
+        measured before would no longer reproduce."""
+        if int(self.region.max()) <= self.block_size:
+            return int(self.target_start.max())
+        return self.clean.shape[1]
+
     def target_view(self):
         """Tokens, block indices (-1 = padding) and positions of the target regions, (B, Wn) each."""
         i = torch.arange(int(self.region.max()), device=self.clean.device)[None, :]
