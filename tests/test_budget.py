@@ -24,6 +24,7 @@ from test_mfu import FAMILIES, padded_batch
 CLASSES = {"decoder_only": "attnlab.DecoderOnly", "encoder_decoder": "attnlab.EncoderDecoder",
            "block_diffusion": "attnlab.BlockDiffusion"}
 SEQ_LEN, BATCH = 16, 8
+WARMUP = ["--model.init_args.optimizer.warmup_ratio", "0.25"]  # a budget derives the steps: warmup is a share of them
 
 
 class CountedSteps(L.Callback):
@@ -85,7 +86,7 @@ def _text_fit(root, corpus, family, *extra, version="v1"):
     return ["fit", "--config", config, "--run.root", root, "--run.version", version, "--run.wandb", "disabled",
             *FAST_TRAINER, "--data", "data_modules.TextFolderDataModule", "--data.init_args.data_dir", corpus,
             "--data.init_args.seq_len", str(SEQ_LEN), "--data.init_args.vocab_size", "300",
-            "--data.init_args.batch_size", str(BATCH), "--data.init_args.max_eval_examples", "8", *extra]
+            "--data.init_args.batch_size", str(BATCH), "--data.init_args.max_eval_examples", "8", *WARMUP, *extra]
 
 
 FLOPS_BUDGET = 4.0e7  # three steps of the tiny decoder on 8 chunks of 16 tokens, two of block diffusion
@@ -119,8 +120,8 @@ def test_an_epochs_budget_trains_that_many_passes_over_the_training_tokens(cli, 
 
     schedules, build = [], family_base.build_optimizer
     monkeypatch.setattr(family_base, "build_optimizer",
-                        lambda module, cfg, total, d_model: schedules.append(total) or build(module, cfg, total, d_model))
-    result = cli(*debug_fit_args(tmp_path, "--run.budget", "{epochs: 1.5}"))
+                        lambda module, cfg, horizon, d_model: schedules.append(horizon) or build(module, cfg, horizon, d_model))
+    result = cli(*debug_fit_args(tmp_path, "--run.budget", "{epochs: 1.5}", *WARMUP))
     assert result.code == 0, result.err[-3000:]
     summary = json.loads((tmp_path / "debug" / "v1" / "summary.json").read_text())
     ledger = summary["ledger"]
@@ -129,7 +130,7 @@ def test_an_epochs_budget_trains_that_many_passes_over_the_training_tokens(cli, 
     assert ledger["unique_tokens"] == unique
     budget = summary["budget"]
     assert (budget["epochs"], budget["max_steps"], budget["steps_per_epoch"]) == (1.5, 3, 2) and summary["steps"] == 3
-    assert schedules == [3]  # the cosine schedule ends where the budget does
+    assert [horizon() for horizon in schedules] == [3]  # the cosine schedule ends where the budget does
     assert budget["tokens_per_step"] == unique / 2  # the mean of an epoch's two batches
     longest = max(len(e.source) + len(e.target) for e in pairs)
     assert abs(ledger["tokens"] - 1.5 * unique) <= 32 * longest
@@ -163,7 +164,7 @@ def test_an_epochs_budget_on_a_subset_of_unique_tokens_trains_e_times_u(cli, tmp
 def test_an_epochs_budget_counts_optimizer_steps_of_accumulated_batches(cli, tmp_path):
     """Two batches of 32 accumulated into one optimizer step: an epoch is one step, and the ledger
     counts both batches of it."""
-    result = cli(*debug_fit_args(tmp_path, "--run.budget", "{epochs: 2}", "--trainer.accumulate_grad_batches", "2"))
+    result = cli(*debug_fit_args(tmp_path, "--run.budget", "{epochs: 2}", "--trainer.accumulate_grad_batches", "2", *WARMUP))
     assert result.code == 0, result.err[-3000:]
     summary = json.loads((tmp_path / "debug" / "v1" / "summary.json").read_text())
     assert (summary["budget"]["steps_per_epoch"], summary["budget"]["max_steps"], summary["steps"]) == (1, 2, 2)
@@ -194,3 +195,50 @@ def test_a_sweeps_budget_becomes_every_points_run_budget(tmp_path):
     assert long.overrides == {"run.budget": {"epochs": 4.0}, "trainer.log_every_n_steps": 2}
     assert '--run.budget={"flops": 20000000000000.0}' in as_cli_args(base.overrides)
     assert "run.budget" in spec.swept_keys  # a point sets it: the report shows it
+
+
+def test_a_diffusion_run_whose_noise_search_moves_its_cost_ends_within_one_step_of_its_flops_budget(
+        cli, tmp_path, text_folder_dir):
+    """Trained first on t in [0.001, 1] (half the tokens projected), then, from its first validation,
+    on the one noise_search candidate [0.9, 1] (nearly all): a step costs more than the plan made at
+    setup, so that plan's steps would overspend. The run re-plans after every step and stops at the
+    first one that reaches the budget, and its schedule ends there."""
+    budget = 2.0e8
+    result = cli(*_text_fit(tmp_path, text_folder_dir, "block_diffusion", "--run.budget", f"{{flops: {budget}}}",
+                            "--model.init_args.noise_range", "[0.001, 1.0]", "--model.init_args.noise_search",
+                            "[[0.9, 1.0]]", "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch",
+                            "null", "--trainer.callbacks+=LearningRateMonitor"))
+    assert result.code == 0, result.err[-3000:]
+    run = tmp_path / "block_diffusion" / "v1"
+    summary, logged = json.loads((run / "summary.json").read_text()), read_metrics(run)
+    planned = int(next(line for line in result.out.splitlines() if line.startswith("budget:")).split("max_steps ")[1].split()[0])
+    assert logged["val/noise_low"][0] == pytest.approx(0.9)  # the cost moved at the first validation
+    spent, steps = summary["ledger"]["flops"], summary["steps"]
+    per_step = [b - a for a, b in zip([0.0, *logged["budget/flops"]], logged["budget/flops"])]
+    assert len(per_step) == steps and sum(per_step) == pytest.approx(spent)
+    assert budget <= spent < budget + max(per_step)  # the first step that reaches it
+    assert steps < planned  # the setup's plan, at half the tokens projected, would have overspent by its extra steps
+    assert summary["budget"]["max_steps"] == steps
+    lr = logged["lr-AdamW/pg1"]  # cosine from the warmup's end down to min_lr_ratio at the last step
+    assert lr[-1] == pytest.approx(0.1 * max(lr), rel=1e-6)
+
+
+def test_a_budget_refuses_a_warmup_counted_in_steps_before_any_run(cli, tmp_path):
+    result = cli(*debug_fit_args(tmp_path, "--run.budget", "{epochs: 2}"))
+    assert result.code == 2 and not (tmp_path / "debug").exists()
+    assert ("run.budget epochs 2 derives each run's optimizer steps, so warmup must be a share of them: set "
+            "model.init_args.optimizer.warmup_ratio (e.g. 0.1) instead of warmup_steps=5") in result.err
+    from attnlab.errors import ConfigError
+    from attnlab.experiment.spec import load_sweep
+    from attnlab.experiment.sweep import check_warmups
+
+    (tmp_path / "debug.yaml").write_text(DEBUG_YAML.read_text(encoding="utf-8"), encoding="utf-8")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("base: debug.yaml\nbudget: {flops: 2.0e13}\npoints:\n  base: {}\n"
+                     "  share: {model.init_args.optimizer.warmup_ratio: 0.1}\n")
+    spec = load_sweep(sweep)
+    with pytest.raises(ConfigError, match=r"point base: run.budget flops 2.0e13 derives .* warmup_steps=5"):
+        check_warmups(spec, [])
+    check_warmups(spec, ["--model.init_args.optimizer.warmup_ratio", "0.2"])  # a flag for every run
+    spec.named.pop("base")
+    check_warmups(spec, [])

@@ -53,7 +53,7 @@ def single_and_ddp(tmp_path_factory):
     single_root, ddp_root = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("ddp")
     # The same global batch (32) and steps (2 per epoch): 1 x 32 against 2 ranks x 16. Two epochs
     # as a run.budget: each rank derives the same 4 steps (rank zero's plan is broadcast).
-    budget = ["--run.budget", "{epochs: 2}"]
+    budget = ["--run.budget", "{epochs: 2}", "--model.init_args.optimizer.warmup_ratio", "0.25"]
     _fit(single_root, "--trainer.devices", "1", "--data.init_args.batch_size", "32", "--run.version", "one",
          *budget, in_process=True)
     _fit(ddp_root, *DDP, "--data.init_args.batch_size", "16", *budget)  # no --run.version: rank 1 must find rank zero's folder
@@ -167,7 +167,7 @@ def fsdp_run(single_and_ddp, tmp_path_factory):
     _fit(root, "--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.version", "fsdp",
          "--run.wandb", "disabled", "--trainer.gradient_clip_val", "1000", "--model.init_args.eval_every_n_epochs", "1",
          "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
-         fragments=[FSDP_YAML])
+         "--model.init_args.optimizer.warmup_ratio", "0.25", fragments=[FSDP_YAML])  # the DDP run's warmup
     return root / "debug" / "fsdp"
 
 

@@ -195,6 +195,10 @@ def test_learning_rate_schedules_follow_their_formulas():
     assert lr_multiplier(cosine, 109, 110) == pytest.approx(0.1)
     inverse = OptimizerConfig(warmup_steps=100, schedule="inverse_sqrt")
     assert lr_multiplier(inverse, 399, 10_000) == pytest.approx(math.sqrt(100 / 400))
+    # warmup_ratio: a share of the run's steps (it wins over warmup_steps); 0.1 of 100 steps is 10
+    share = OptimizerConfig(warmup_steps=999, warmup_ratio=0.1, schedule="cosine", min_lr_ratio=0.1)
+    assert [lr_multiplier(share, s, 100) for s in range(100)] == pytest.approx([lr_multiplier(cosine, s, 100) for s in range(100)])
+    assert lr_multiplier(share, 9, 200) == pytest.approx(0.5) and lr_multiplier(share, 19, 200) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("positional", ["rope", "alibi", "learned"])

@@ -18,7 +18,7 @@ POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 def groups(module: nn.Module) -> tuple[list[str], list[str]]:
     """(decayed, not decayed) parameter names, in the optimizer's order."""
     names = {id(p): name for name, p in module.named_parameters()}
-    optimizer = build_optimizer(module, OptimizerConfig(weight_decay=0.1), 10, 16)["optimizer"]
+    optimizer = build_optimizer(module, OptimizerConfig(weight_decay=0.1), lambda: 10, 16)["optimizer"]
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
     return [names[id(p)] for p in decay["params"]], [names[id(p)] for p in no_decay["params"]]

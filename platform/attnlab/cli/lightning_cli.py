@@ -21,7 +21,7 @@ from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption
 from attnlab.training.run_folder import Version, hold_run_folder, resolve_version
-from attnlab.training.budget import parse_budget
+from attnlab.training.budget import check_budget_warmup, parse_budget
 from attnlab.training.final_validation import FinalValidation
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.ledger import BudgetLedger
@@ -159,6 +159,8 @@ class AttnlabCLI(LightningCLI):
             if budget.kind != "time" and not (isinstance(model, FamilyModule) and isinstance(datamodule, TokenizedDataModule)):
                 raise ConfigError(f"run.budget {budget.kind} needs an attnlab family and data module (they know "
                                   "what a training step costs)")
+            if isinstance(model, FamilyModule):
+                check_budget_warmup(budget, model.optim.warmup_steps, model.optim.warmup_ratio)
         if self.subcommand == "fit" and isinstance(model, FamilyModule):
             model.check_monitor(self.setting(self.config_init, "run").monitor,
                                 datamodule if isinstance(datamodule, TokenizedDataModule) else None)

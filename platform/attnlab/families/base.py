@@ -210,8 +210,18 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         return torch.compiler.set_stance("force_eager") if self._compiled else contextlib.nullcontext()
 
     def configure_optimizers(self):
-        total = int(self.trainer.estimated_stepping_batches) if self.optim.schedule == "cosine" else 0
-        return build_optimizer(self, self.optim, total, self.backbone.d_model)
+        return build_optimizer(self, self.optim, self.schedule_horizon, self.backbone.d_model)
+
+    def schedule_horizon(self) -> int:
+        """The optimizer steps the schedule spans (0: unknown, as with a time budget): the trainer's
+        estimate, read at every step, so the decay ends where a budget moves the last step."""
+        steps = self.trainer.estimated_stepping_batches
+        return int(steps) if math.isfinite(steps) else 0
+
+    def cost_key(self) -> tuple:
+        """What `expected_flops` depends on besides the batch shapes (block diffusion: its noise
+        range): a budget recomputes a step's cost when it changes."""
+        return ()
 
     def on_train_start(self) -> None:
         self._mfu = MFU.for_device(self.device, str(self.trainer.precision))

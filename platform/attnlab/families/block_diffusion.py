@@ -268,6 +268,9 @@ class BlockDiffusion(FamilyModule):
         clean, _ = self._clean_half(frame, training=True)
         return self.flop_counter.step(copies * len(target), target.shape[1] + clean.shape[1], masked)
 
+    def cost_key(self) -> tuple:
+        return self.train_range  # noise_search moves it, and with it the masked share projected
+
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:
         return super().validation_metrics(generates) + (list(NOISE_SEARCH_METRICS) if self.noise_candidates else [])

@@ -118,3 +118,18 @@ def describe_steps(budget: Budget, max_steps: int, cost: StepCost) -> str:
     per = {"flops": f"{scientific(cost.flops)} FLOPs/step", "tokens": f"{cost.tokens:,.0f} tokens/step",
            "epochs": f"{cost.steps_per_epoch:,} steps/epoch"}[budget.kind]
     return f"budget: {budget.describe()} -> max_steps {max_steps:,} ({per})"
+
+
+def check_budget_warmup(budget: Budget, warmup_steps: int, warmup_ratio: float | None, where: str = "") -> None:
+    """A budget of flops, tokens or epochs derives each run's steps, so warmup is a share of them
+    (optimizer.warmup_ratio): a fixed count would be a different share of every family's run. A
+    time budget knows no step count, so there warmup can only be a count. `where`: what to name
+    (a sweep point) before the message."""
+    if budget.kind != "time" and warmup_ratio is None and warmup_steps > 0:
+        raise ConfigError(f"{where}run.budget {budget.describe()} derives each run's optimizer steps, so warmup must be "
+                          "a share of them: set model.init_args.optimizer.warmup_ratio (e.g. 0.1) instead of "
+                          f"warmup_steps={warmup_steps}")
+    if budget.kind == "time" and warmup_ratio:
+        raise ConfigError(f"{where}run.budget time={budget.value!r} gives no step count for "
+                          f"model.init_args.optimizer.warmup_ratio={warmup_ratio} to be a share of: give "
+                          "warmup_steps and set warmup_ratio to null")

@@ -22,7 +22,11 @@ budget of flops, tokens or epochs covers both (a time budget counts the run's ow
 
 Logged as budget/flops, budget/tokens and budget/epochs every step (float64, so they read back
 exactly), written to summary.json by RunSummary, read back by attnlab.experiment.runs. With a
-`run.budget` (attnlab.training.budget) the ledger also sets the run's length at setup.
+`run.budget` (attnlab.training.budget) the ledger also sets the run's length: at setup, and for
+flops and tokens again after every optimizer step from what is left at what a step costs now (a
+family's cost per step may change as it trains: block diffusion's noise_search moves the share of
+tokens it projects), so the run ends at the first step that reaches its budget, and the learning
+rate schedule, which reads the trainer's step count, decays to that step.
 """
 from __future__ import annotations
 
@@ -55,6 +59,8 @@ class BudgetLedger(L.Callback):
         self.plan: dict | None = None  # what the budget derived (summary.json "budget")
         self.inherited: dict | None = None  # what run.init_from's network had cost (see `inherit`)
         self._started: float | None = None
+        self._cost: tuple | None = None  # (the module's cost_key, its StepCost): recomputed when the key moves
+        self._planned_at: int | None = None  # the optimizer step the last plan was made after
 
     def inherit(self, checkpoint: dict, source: str) -> None:
         """Start the totals at those of the checkpoint a run starts from (nothing to inherit from a
@@ -89,16 +95,38 @@ class BudgetLedger(L.Callback):
         if not hasattr(datamodule, "train_batches") or not hasattr(pl_module, "expected_flops"):
             raise ConfigError(f"run.budget {self.budget.kind} needs an attnlab family and data module, which "
                               "know a training step's cost")
-        cost = step_cost(pl_module, datamodule.train_batches(), trainer.world_size, trainer.accumulate_grad_batches)
+        cost = self._step_cost(trainer, pl_module)
         max_steps = max_steps_for(self._left(), cost)
-        max_steps, cost = trainer.strategy.broadcast((max_steps, cost), src=0)  # every rank stops at one step
         # Public loop attributes; with max_epochs -1, estimated_stepping_batches (the schedule's
-        # length, FamilyModule.configure_optimizers) is max_steps.
+        # length, FamilyModule.schedule_horizon) is max_steps.
         trainer.fit_loop.epoch_loop.max_steps = max_steps
         trainer.fit_loop.max_epochs = -1
         self.plan = {self.budget.kind: self.budget.value, "max_steps": max_steps, "flops_per_step": cost.flops,
                      "tokens_per_step": cost.tokens, "steps_per_epoch": cost.steps_per_epoch}
         self._say(describe_steps(self.budget, max_steps, cost))
+
+    def _step_cost(self, trainer, pl_module) -> StepCost:
+        """A step's cost over this rank's epoch of batches, rank 0's on every rank (so all stop at one
+        step), computed again only when the module's `cost_key` says its cost changed."""
+        key = pl_module.cost_key()
+        if self._cost is None or self._cost[0] != key:
+            cost = step_cost(pl_module, trainer.datamodule.train_batches(), trainer.world_size,
+                             trainer.accumulate_grad_batches)
+            self._cost = (key, trainer.strategy.broadcast(cost, src=0))
+        return self._cost[1]
+
+    def _replan(self, trainer, pl_module) -> None:
+        """A flops or tokens budget: the run's last step becomes the first at which the ledger reaches
+        the budget, at what a step costs now; so it spends the budget to within one step however its
+        cost moved (an epochs budget is a step count already; time is Lightning's max_time)."""
+        if self.budget is None or self.budget.kind not in ("flops", "tokens"):
+            return
+        self._planned_at = trainer.global_step
+        cost = self._step_cost(trainer, pl_module)
+        left = self.budget.value - (self.flops if self.budget.kind == "flops" else self.tokens)
+        max_steps = trainer.global_step + (max_steps_for(Budget(self.budget.kind, left), cost) if left > 0 else 0)
+        trainer.fit_loop.epoch_loop.max_steps = max_steps
+        self.plan.update(max_steps=max_steps, flops_per_step=cost.flops, tokens_per_step=cost.tokens)
 
     def _left(self) -> Budget:
         """The budget less what the inherited network spent (ConfigError when nothing is left)."""
@@ -118,6 +146,7 @@ class BudgetLedger(L.Callback):
     # ---- counting ----------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
         self._started = time.perf_counter()
+        self._replan(trainer, pl_module)  # a resumed run: from its restored spend and cost
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.seconds, self._started = self.elapsed(), None
@@ -139,6 +168,8 @@ class BudgetLedger(L.Callback):
             logged["budget/epochs"] = self.tokens / self.unique_tokens
         pl_module.log_dict({k: torch.tensor(float(v), dtype=torch.float64) for k, v in logged.items()},
                            on_step=True, on_epoch=False, batch_size=1)
+        if trainer.global_step != self._planned_at:  # an optimizer step was taken: not inside an accumulation
+            self._replan(trainer, pl_module)
 
     def totals(self) -> dict:
         """summary.json's "ledger"."""

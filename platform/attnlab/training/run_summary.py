@@ -12,7 +12,8 @@ from attnlab.training.ledger import BudgetLedger
 
 
 class RunSummary(L.Callback):
-    """Family, parameter count, wall time of fit, epochs and steps, written when fit ends; with a
+    """Family, parameter count, wall time of fit, epochs, steps and the metric that picks the best
+    checkpoint ("monitor"), written when fit ends; with a
     BudgetLedger among the callbacks its totals ("ledger") and, under run.budget, what the budget
     derived ("budget": the budget itself, max_steps and the cost per step it came from)."""
 
@@ -34,6 +35,9 @@ class RunSummary(L.Callback):
             "epochs": trainer.current_epoch,
             "steps": trainer.global_step,
         }
+        selection = next((c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None)), None)
+        if selection is not None:  # what "best" means for this run's checkpoints (the report's best columns)
+            summary["monitor"] = {"metric": selection.monitor, "mode": selection.mode}
         for ledger in (c for c in trainer.callbacks if isinstance(c, BudgetLedger)):
             summary["ledger"] = ledger.totals()
             summary["steps"] += ledger.inherited_steps  # the network's steps, the run.init_from it started from included
