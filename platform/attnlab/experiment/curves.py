@@ -9,13 +9,17 @@ NELBO bound per token for BlockDiffusion (an upper bound on its NLL).
 
 Each validation row of a fit's metrics.csv is placed at the training epochs and FLOPs the budget
 ledger had spent at its step (`budget/epochs`, `budget/flops`, logged on the training rows, which
-share `step` with the validation rows; between logged steps, interpolated). A point's curve is the
-mean over its seeds at each evaluation, with a band from the lowest to the highest seed. When the
-points differ in a facet key (`--facet`, by default data.init_args.train_tokens where the sweep
-sets it), each value gets its own panel and its own crossover lines.
+share `step` with the validation rows; between logged steps, interpolated). Its value is the best
+so far (the lowest val/nll up to that validation: what the run's best checkpoint holds then), so a
+curve never rewards a contender for the other's overfitting. A point's curve is the mean over its
+seeds at each evaluation, with a band from the lowest to the highest seed. When the points differ in
+a facet key (`--facet`, by default data.init_args.train_tokens, else run.budget, where the sweep sets
+it), each value gets its own panel and its own crossover lines. A crossover in compute is read off
+the compute frontier (compute_frontier), separate runs per budget, not off these curves.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +27,14 @@ from pathlib import Path
 from attnlab.experiment.stats import summarize
 
 LOSS = "val/nll"
-FACET = "data.init_args.train_tokens"  # faceted by default when the points differ in it
+FACETS = ("data.init_args.train_tokens", "run.budget")  # faceted by default by the first the points differ in
 AR_FAMILIES = {"DecoderOnly", "EncoderDecoder", "decoder_only", "encoder_decoder"}  # class or summary name
 
 
 @dataclass
 class Curve:
     """A point's validation curve: per evaluation step, the mean over seeds of epochs, FLOPs and
-    the loss, and the lowest and highest seed's loss; `per_seed`: seed -> [(FLOPs, epochs, loss)]."""
+    the best loss so far, and the lowest and highest seed's; `per_seed`: seed -> [(FLOPs, epochs, loss)]."""
 
     name: str
     family: str
@@ -42,7 +46,6 @@ class Curve:
     low: list[float] = field(default_factory=list)
     high: list[float] = field(default_factory=list)
     per_seed: dict = field(default_factory=dict)
-    finals: dict = field(default_factory=dict)  # seed -> the last validation's loss
     bests: dict = field(default_factory=dict)  # seed -> the lowest validation loss
 
 
@@ -87,26 +90,32 @@ def _inherited(record, inherited: dict, key: str) -> float:
 
 
 def evaluations(record) -> list[tuple[int, float, float, float]]:
-    """(step, epochs, FLOPs, loss) of each validation of a fit with the ledger; [] without it."""
+    """(step, epochs, FLOPs, best loss so far) of each validation of a fit with the ledger; [] without it."""
     epochs, flops = ledger_at(record, "epochs"), ledger_at(record, "flops")
     if epochs is None or flops is None:
         return []
     by_step = dict(record.series(LOSS))  # a resumed run may log a step twice: the last one counts
-    return [(step, _interpolate(step, epochs), _interpolate(step, flops), value)
-            for step, value in sorted(by_step.items())]
+    out, best = [], math.inf
+    for step, value in sorted(by_step.items()):
+        best = min(best, value)
+        out.append((step, _interpolate(step, epochs), _interpolate(step, flops), best))
+    return out
 
 
 def facet_key(points, requested: str | None = None) -> str | None:
-    """The swept key to facet by: `requested`, else FACET where the points take more than one
-    value of it; None: one panel."""
-    key = requested or FACET
-    values = {repr(r.swept.get(key)) for p in points for r in p.records if key in r.swept}
-    if requested and not values:
-        from attnlab.errors import AttnlabError
+    """The swept key to facet by: `requested`, else the first of FACETS the points take more than
+    one value of; None: one panel."""
+    def values(key: str) -> set:
+        return {repr(r.swept.get(key)) for p in points for r in p.records if key in r.swept}
 
-        swept = sorted({k for p in points for r in p.records for k in r.swept})
-        raise AttnlabError(f"--facet {requested}: no run sweeps that key; swept keys: {', '.join(swept) or 'none'}")
-    return key if len(values) > 1 or (requested and values) else None
+    if requested:
+        if not values(requested):
+            from attnlab.errors import AttnlabError
+
+            swept = sorted({k for p in points for r in p.records for k in r.swept})
+            raise AttnlabError(f"--facet {requested}: no run sweeps that key; swept keys: {', '.join(swept) or 'none'}")
+        return requested
+    return next((key for key in FACETS if len(values(key)) > 1), None)
 
 
 def build_curves(points, facet: str | None) -> list[Curve]:
@@ -114,7 +123,7 @@ def build_curves(points, facet: str | None) -> list[Curve]:
     curves = []
     for point in points:
         first = point.first
-        curve = Curve(point.name, first.family, is_ar(first), first.swept.get(facet) if facet else None)
+        curve = Curve(point.name, first.family, is_ar(first), _facet_value(first.swept.get(facet)) if facet else None)
         by_step: dict[int, list[tuple[float, float, float]]] = {}
         for record in point.records:
             seen = evaluations(record)
@@ -122,8 +131,7 @@ def build_curves(points, facet: str | None) -> list[Curve]:
                 continue
             seed = record.seed
             curve.per_seed[seed] = [(f, e, v) for _, e, f, v in seen]
-            curve.finals[seed] = seen[-1][3]
-            curve.bests[seed] = min(v for *_, v in seen)
+            curve.bests[seed] = seen[-1][3]
             for step, epochs, flops, value in seen:
                 by_step.setdefault(step, []).append((epochs, flops, value))
         if not by_step:
@@ -177,31 +185,29 @@ def _epoch_at(curve: Curve, flops: float) -> float:
 
 
 def crossover_text(curves: list[Curve], facet: str | None) -> list[str]:
-    """The report's words: per facet, each point's final and best val/nll with 95 % t intervals over
-    seeds, and for each non-AR point against each AR point where its mean val/nll goes below the
-    AR's for good (on the FLOPs axis, so at equal compute; per seed too), and the paired
-    differences of the final and the best val/nll."""
+    """The report's words: per facet, each point's best val/nll with a 95 % t interval over seeds, and
+    for each non-AR point against each AR point where its best-so-far val/nll goes below the AR's for
+    good within one run (on the FLOPs axis; per seed too), and the paired difference of the bests."""
     if not any(c.ar for c in curves) or all(c.ar for c in curves):
         return []
     lines = ["## Learning curves", "",
-             f"{LOSS} at each validation against the training epochs (budget/epochs) and FLOPs spent by then "
-             "(learning_curves.png: mean over seeds, band from the lowest to the highest seed). "
-             f"{LOSS} is the NLL per token for the autoregressive families (DecoderOnly, EncoderDecoder) and the "
-             "NELBO bound per token (an upper bound on the NLL) for BlockDiffusion. Crossover: the training FLOPs "
-             f"from which a non-AR point's mean {LOSS} stays below the AR point's mean (interpolated between the AR "
-             "point's validations) up to the end of training, with the non-AR point's epochs there; never: not "
-             "below at the last validation both reached. In brackets, each seed against the same seed. Differences "
-             "(non-AR minus AR, paired over seeds; negative: the bound is lower) of the last and of the best "
-             "validation. Intervals: 95 % Student t over seeds.", ""]
+             f"The best {LOSS} so far at each validation (what the run's best checkpoint holds then) against the "
+             "training epochs (budget/epochs) and FLOPs spent by then (learning_curves.png: mean over seeds, band "
+             f"from the lowest to the highest seed). {LOSS} is the NLL per token for the autoregressive families "
+             "(DecoderOnly, EncoderDecoder) and the NELBO bound per token (an upper bound on the NLL) for "
+             "BlockDiffusion. Within one run: where a non-AR point's mean best-so-far stays below the AR point's "
+             "(interpolated between the AR point's validations) up to the end of training; never: not below at the "
+             "last validation both reached. In brackets, each seed against the same seed; then the paired difference "
+             "of the best validation (non-AR minus AR; negative: the bound is lower), 95 % t interval over seeds. "
+             "A crossover in compute is read off separate runs per budget (the compute frontier), not off one run.", ""]
     for value in _facets(curves):
         group = [c for c in curves if c.facet == value]
         if facet is not None:
-            shown = f"{value:,}" if isinstance(value, int) else value
-            lines += [f"### {facet.rsplit('.', 1)[-1]} = {shown}", ""]
-        lines += [f"| point | family | n | epochs | final {LOSS} | best {LOSS} |", "|---|---|---|---|---|---|"]
+            lines += [f"### {_facet_title(facet, value)}", ""]
+        lines += [f"| point | family | n | epochs | best {LOSS} |", "|---|---|---|---|---|"]
         for c in group:
-            lines.append(f"| {c.name} | {c.family} | {len(c.finals)} | {c.epochs[-1]:.1f} | "
-                         f"{_interval(list(c.finals.values()))} | {_interval(list(c.bests.values()))} |")
+            lines.append(f"| {c.name} | {c.family} | {len(c.bests)} | {c.epochs[-1]:.1f} | "
+                         f"{_interval(list(c.bests.values()))} |")
         lines.append("")
         for c in (c for c in group if not c.ar):
             for ref in (r for r in group if r.ar):
@@ -210,10 +216,25 @@ def crossover_text(curves: list[Curve], facet: str | None) -> list[str]:
     return lines
 
 
+def _facet_value(value):
+    """A facet's value, hashable: a budget by its words (`flops 4.0e11`)."""
+    if isinstance(value, dict):
+        from attnlab.training.budget import parse_budget
+
+        return parse_budget(value).describe()
+    return value
+
+
+def _facet_title(facet: str, value) -> str:
+    if facet == "run.budget":
+        return str(value)
+    return f"{facet.rsplit('.', 1)[-1]} = {f'{value:,}' if isinstance(value, int) else value}"
+
+
 def _comparison(c: Curve, ref: Curve) -> str:
     at = crossover(c.flops, c.mean, ref.flops, ref.mean)
     where = (f"below from {at:.3g} FLOPs on (epoch {_epoch_at(c, at):.1f})" if at is not None
-             else "never below for good within the budget")
+             else "never below for good within the run")
     seeds = [s for s in c.per_seed if s in ref.per_seed]
     each = []
     for s in seeds:
@@ -221,19 +242,20 @@ def _comparison(c: Curve, ref: Curve) -> str:
         f = crossover(list(x), list(y), list(rx), list(ry))
         each.append(f"seed {s}: " + ("never" if f is None else f"{f:.3g}"))
     words = f"- {c.name} against {ref.name}: {where}" + (f" ({'; '.join(each)})" if each else "")
-    for label, mine, theirs in (("final", c.finals, ref.finals), ("best", c.bests, ref.bests)):
-        diff = [mine[s] - theirs[s] for s in seeds]
-        if diff:
-            words += f"; {label} difference {_interval(diff).replace(' (one seed)', '')}"
+    diff = [c.bests[s] - ref.bests[s] for s in seeds]
+    if diff:
+        words += f"; best difference {_interval(diff).replace(' (one seed)', '')}"
     return words + "."
 
 
 def _label(name: str, facet: str | None) -> str:
-    """The point's name without its facet part (the panel's title says it)."""
+    """The point's name without its facet part (the panel's title says it; a budget's part is named
+    by its kind, `flops=4.0e11`)."""
     if facet is None:
         return name
-    short = facet.rsplit(".", 1)[-1]
-    return ",".join(part for part in name.split(",") if not part.startswith(f"{short}=")) or name
+    prefixes = tuple(f"{kind}=" for kind in ("flops", "tokens", "epochs", "time")) if facet == "run.budget" else \
+        (f"{facet.rsplit('.', 1)[-1]}=",)
+    return ",".join(part for part in name.split(",") if not part.startswith(prefixes)) or name
 
 
 def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[Path]:
@@ -254,11 +276,9 @@ def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[P
                 line, = ax.plot(x, c.mean, marker=".", label=_label(c.name, facet), linestyle="-" if c.ar else "--",
                                 color=colors.get(place))
                 colors.setdefault(place, line.get_color())
-                if len(c.finals) > 1:
+                if len(c.bests) > 1:
                     ax.fill_between(x, c.low, c.high, alpha=0.2, color=line.get_color())
-        title = f"{facet.rsplit('.', 1)[-1]} = {value:,}" if facet and isinstance(value, int) else \
-            (f"{facet.rsplit('.', 1)[-1]} = {value}" if facet else "")
-        axes[0][column].set_title(title, fontsize=9)
+        axes[0][column].set_title(_facet_title(facet, value) if facet else "", fontsize=9)
         axes[0][column].set_xlabel("training epochs")
         axes[1][column].set_xlabel("training FLOPs")
         axes[0][column].legend(fontsize=7)

@@ -6,9 +6,9 @@ test quality (from its largest batch), and at every
 batch size the model calls per generated token (threshold decoding calls until every row's
 block is clean, so larger batches call more) and tokens/s with its ratio to the
 reference decoding's, measured in the same sweep on the same machine. Quality is tested against
-the reference, paired on seeds and test examples (significance.test_column), its p-values
-Holm-adjusted together with the rest of the report's; a speed difference is called one only
-where the rows' intervals over seeds are apart.
+the reference as the report's columns are (significance.compare: over seeds from three shared
+seeds, on one seed's examples for one), its p-values Holm-adjusted together with the rest of the
+report's; a speed difference is called one only where the rows' intervals over seeds are apart.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.experiment.runs import RunRecord
-from attnlab.experiment.significance import TESTS, ColumnTest, test_column
+from attnlab.experiment.significance import MARKS, Comparison, Row as TableRow, compare, example_p
 from attnlab.experiment.stats import ALPHA, Summary, summarize
 
 QUALITY = {"exact_match": "exact match", "chrf": "chrF", "bleu": "BLEU"}
@@ -73,15 +73,31 @@ def batch_sizes(rows: list[Row]) -> list[int]:
     return sorted({b for row in rows for b in row.evaluations})
 
 
-def quality_tests(rows: list[Row], reference: str | None) -> dict[str, ColumnTest]:
-    """metric -> the test of every row's quality against the reference row's (paired on seeds and
-    examples; p-values raw until significance.adjust)."""
+def quality_tests(rows: list[Row], reference: str | None, example_test=None) -> dict[str, dict[str, Comparison]]:
+    """metric -> row -> its quality against the reference row's (significance.compare on the per-seed
+    values of each row's quality evaluation; raw p until significance.adjust). `example_test`: the
+    report's, (evaluation, metric, row, reference, seed) -> (p, test) or why not."""
+    if reference not in {row.name for row in rows}:
+        return {}
+    table = [TableRow(row.name, row.seeds, reference) for row in rows]
+    by_name = {row.name: row for row in rows}
+    test = None
+    if example_test is not None:
+        def test(metric, name, ref, seed):
+            mine, theirs = by_name[name], by_name[ref]
+            pair = (_examples(mine, seed), _examples(theirs, seed))
+            return "no per-example values (examples.jsonl)" if None in pair else example_p(metric, *pair)
     out = {}
     for metric in QUALITY:
-        scored = [row.name for row in rows if row.summary(f"test/{metric}") is not None]
-        if reference in scored:
-            out[metric] = test_column(rows, {row.name: row.quality_evaluation for row in rows}, metric, scored, reference)
+        values = {row.name: [r.evaluations.get(row.quality_evaluation, {}).get(f"test/{metric}") for r in row.records]
+                  for row in rows if row.summary(f"test/{metric}") is not None}
+        if reference in values:
+            out[metric] = compare(table, values, metric, test)
     return out
+
+
+def _examples(row: Row, seed) -> list[dict] | None:
+    return next(r for r in row.records if r.seed == seed).examples(row.quality_evaluation) or None
 
 
 @dataclass
@@ -91,17 +107,21 @@ class FrontierTests:
 
     rows: list[Row]
     reference: str | None
-    tests: dict[str, ColumnTest]
+    tests: dict[str, dict[str, Comparison]]
+
+    def columns(self) -> list[tuple[str, dict[str, Comparison]]]:
+        """(metric, comparisons) per tested metric, as significance.adjust takes them."""
+        return list(self.tests.items())
 
 
-def frontier_tests(points) -> FrontierTests | None:
+def frontier_tests(points, example_test=None) -> FrontierTests | None:
     """The frontier of the report's points with its quality tests, or None without frontier runs."""
     rows, reference = frontier_rows(points)
-    return FrontierTests(rows, reference, quality_tests(rows, reference)) if rows else None
+    return FrontierTests(rows, reference, quality_tests(rows, reference, example_test)) if rows else None
 
 
-def _p(tests: dict[str, ColumnTest], metric: str, row: str) -> float | None:
-    return tests[metric].p_values.get(row) if metric in tests else None
+def _comparison(tests: dict[str, dict[str, Comparison]], metric: str, row: str) -> Comparison | None:
+    return tests.get(metric, {}).get(row)
 
 
 def _apart(a: Summary | None, b: Summary | None) -> bool:
@@ -126,9 +146,9 @@ def frontier_table(rows: list[Row], reference: str | None, tests: dict) -> str:
         cells = [row.name + (" (reference)" if row.name == reference else ""),
                  str(max((s.n for s in quality if s), default=0))]  # the seeds that have a score
         for metric, s in zip(metrics, quality):
-            p = _p(tests, metric, row.name)
+            c = _comparison(tests, metric, row.name)
             cells.append("—" if s is None else f"{s.mean:.2f}" + (f" ± {s.std:.2f}" if s.n > 1 else "")
-                         + (" *" if p is not None and p < ALPHA else ""))
+                         + (f" {c.mark}" if c is not None and c.mark else ""))
         for batch in batches:
             calls = row.summary("test/nfe_per_token", batch)
             mine = row.summary("test/gen_tokens_per_s", batch)
@@ -139,19 +159,20 @@ def frontier_table(rows: list[Row], reference: str | None, tests: dict) -> str:
     return "\n".join(lines)
 
 
-def frontier_text(rows: list[Row], reference: str | None, tests: dict, comparisons: int | None = None) -> list[str]:
+def frontier_text(rows: list[Row], reference: str | None, tests: dict, counts: dict[str, int] | None = None) -> list[str]:
     """Per batch size, which rows are faster than the reference (and whether the seed intervals
     say so); per metric, which rows' quality differs from the reference's."""
+    from attnlab.experiment.tables import ColumnMeta, describe
+
     by_name = {row.name: row for row in rows}
     if reference not in by_name:
         return [f"The reference {reference} has no finished runs: no speed ratios and no quality tests."]
     ref = by_name[reference]
-    family = (f"Holm-adjusted over the report's {comparisons} comparisons, " if comparisons else "")
-    kinds = sorted({TESTS[c.test] for test in tests.values() for c in test.comparisons.values()})
-    lines = [f"Against {reference}, timed in the same sweep. `*`: quality significantly different from the "
-             f"reference at p < {ALPHA} ({family}paired on seeds and test examples"
-             f"{': ' + '; '.join(kinds) if kinds else ''}). A speed gap counts as one when the "
-             "95 % intervals over seeds are apart."]
+    family = f", Holm-adjusted with the report's {counts['seeds']} hypotheses" if counts and counts.get("seeds") else ""
+    lines = [f"Against {reference}, timed in the same sweep. Quality is tested as the table's columns are: "
+             f"`{MARKS['seeds']}` significant over training runs (a paired t-test over 3 or more shared seeds{family}), "
+             f"`{MARKS['examples']}` on one shared seed's test examples; two shared seeds are not tested. A speed gap "
+             "counts as one when the 95 % intervals over seeds are apart."]
     for batch in batch_sizes(rows):
         theirs = ref.summary("test/gen_tokens_per_s", batch)
         faster, unsure, single = [], [], []
@@ -167,13 +188,10 @@ def frontier_text(rows: list[Row], reference: str | None, tests: dict, compariso
         if single:
             parts.append(f"faster in one timed run (one seed: no interval): {', '.join(single)}")
         lines.append("; ".join(parts) + ".")
-    for metric, test in tests.items():
-        worse = [f"{n} (p = {p:.3g})" for n, p in test.p_values.items() if p is not None and p < ALPHA]
-        same = [n for n, p in test.p_values.items() if p is not None and p >= ALPHA]
-        skipped = [f"{n} ({why})" for n, why in test.skipped.items()]
-        lines.append(f"- test {QUALITY[metric]}: different from the reference: {', '.join(worse) or 'none'}"
-                     + (f"; not significantly different: {', '.join(same)}" if same else "")
-                     + (f"; not tested: {', '.join(skipped)}" if skipped else "") + ".")
+    for metric, comparisons in tests.items():
+        column = ColumnMeta(f"test {QUALITY[metric]}", "score")
+        described = [describe(column, name, c) for name, c in comparisons.items()]
+        lines.append(f"- test {QUALITY[metric]} against the reference: {'; '.join(described) or 'no row to compare'}.")
     return lines
 
 
@@ -184,10 +202,9 @@ def frontier_json(rows: list[Row], reference: str | None, tests: dict) -> list[d
                        "reference": row.name == reference}
         for metric in QUALITY:
             if (s := row.summary(f"test/{metric}")) is not None:
-                c = tests[metric].comparisons.get(row.name) if metric in tests else None
+                c = _comparison(tests, metric, row.name)
                 entry[f"test/{metric}"] = {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high],
-                                           "p_vs_reference": _p(tests, metric, row.name),  # Holm-adjusted
-                                           "test": c and c.test}
+                                           **({"comparison": c.as_json()} if c else {})}
         for key in ("gen_tokens_per_s", "nfe_per_token"):  # per batch size
             entry[key] = {str(b): {"mean": s.mean, "std": s.std, "n": s.n, "ci95": [s.low, s.high]}
                           for b in sorted(row.evaluations) if (s := row.summary(f"test/{key}", b))}
@@ -239,14 +256,14 @@ def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
 
 
 def write_frontier(frontier: FrontierTests | None, output: Path, metric: str,
-                   comparisons: int | None = None) -> tuple[list[str], list[Path]]:
+                   counts: dict[str, int] | None = None) -> tuple[list[str], list[Path]]:
     """The report's frontier section (markdown lines) and its plot; nothing without frontier runs.
-    `comparisons`: how many p-values Holm adjusted, the frontier's among them."""
+    `counts`: the hypotheses Holm adjusted per test, the frontier's among them."""
     if frontier is None:
         return [], []
     rows, reference, tests = frontier.rows, frontier.reference, frontier.tests
     (output / "frontier.json").write_text(json.dumps(frontier_json(rows, reference, tests), indent=1) + "\n")
     plot = frontier_plot(rows, output, metric)
     lines = ["## Speed against quality (frontier)", "", frontier_table(rows, reference, tests), "",
-             *frontier_text(rows, reference, tests, comparisons), ""]
+             *frontier_text(rows, reference, tests, counts), ""]
     return lines, [plot] if plot else []

@@ -2,11 +2,12 @@
 
 One row per grid point (a sweep point, or a run folder of its own); a point run with several
 seeds shows every metric as mean ± std over them, with n and a 95 % interval in a second table.
-Each evaluation metric (test nll, bpb, BLEU, chrF, exact match) is tested between every row and
-the reference row (the sweep's `reference:`, else the first row), paired on the same seeds and
-test examples, with seeds as the unit of replication (see `significance`); p is Holm-adjusted
-over every comparison of the report, and the report marks the significant differences and says
-in words which differences are and are not, and by which test.
+Validation columns are each run's best checkpoint's (by the metric its checkpoints were chosen by),
+evaluation columns name the checkpoint they tested. Each evaluation metric (test nll, bpb, BLEU,
+chrF, exact match) is tested between every row and its reference row (the sweep's `reference:`,
+else the first row; per grid cell in a facetted sweep), paired on seeds, with the training run as
+the unit (see `significance`); the rows and their comparisons go to report.json, from which
+`tables` renders the page, so a committed page can be re-marked from its JSON alone (`--remark`).
 """
 from __future__ import annotations
 
@@ -21,12 +22,11 @@ from typing import Callable
 from attnlab.errors import AttnlabError
 from attnlab.experiment.provenance import context, read_sweep_record
 from attnlab.experiment.runs import RunRecord, collect_runs
-from attnlab.experiment.significance import ColumnTest, adjust, test_column
-from attnlab.experiment.stats import ALPHA, HIERARCHICAL_SAMPLES, Summary, summarize
-from attnlab.families.metrics import LIKELIHOOD_METRICS
+from attnlab.experiment.significance import Comparison, Row, adjust, compare, example_p
+from attnlab.experiment.stats import Summary, summarize
+from attnlab.experiment.tables import QUALITY, ColumnMeta, quality_cells, quality_format, render
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
-QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
 VAL_QUALITY = ("nll", "ppl", *QUALITY[1:])  # the paper's Table 3 reports dev perplexity
 
 
@@ -47,42 +47,16 @@ class Point:
 
 
 @dataclass
-class Column:
-    header: str
-    value: Callable[[RunRecord], object]
-    fmt: Callable[[object], str] = str
-    numeric: bool = False  # summarised over seeds (mean ± std, interval)
-    evaluation: str | None = None  # with `metric`: a paired test against the reference row applies
-    metric: str | None = None
-    tests: ColumnTest | None = field(default=None, repr=False)
+class Column(ColumnMeta):
+    """A column of the report: its ColumnMeta and how to read its value off a run."""
+
+    value: Callable[[RunRecord], object] = field(default=lambda r: None, repr=False)
 
     def summary(self, point: Point) -> Summary | None:
         return summarize([self.value(r) for r in point.records])
 
-
-def _number(digits: int):
-    return lambda v: f"{v:.{digits}f}"
-
-
-def _thousands(v) -> str:
-    return f"{v:,.0f}"
-
-
-def _params(v) -> str:
-    return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v / 1e3:.1f}k"
-
-
-def _count(v) -> str:
-    """FLOPs and tokens: three digits and a power of ten (5.12e+06)."""
-    return f"{v:.3g}" if v < 1e4 else f"{v:.2e}"
-
-
-def _minutes(v) -> str:
-    return f"{int(v // 60)}:{int(v % 60):02d}"
-
-
-def _quality_fmt(name: str):
-    return _number(4 if name in LIKELIHOOD_METRICS else 2)
+    def meta(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "value"}
 
 
 def group_points(records: list[RunRecord]) -> list[Point]:
@@ -97,214 +71,121 @@ def group_points(records: list[RunRecord]) -> list[Point]:
 
 
 def build_columns(records: list[RunRecord]) -> list[Column]:
-    columns = [Column("run", lambda r: r.name), Column("family", lambda r: r.family)]
+    columns = [Column("run", value=lambda r: r.name), Column("family", value=lambda r: r.family)]
     swept = list(dict.fromkeys(key for r in records for key in r.swept))
     for key in swept:
-        short = key.rsplit(".", 1)[-1]
-        columns.append(Column(short, lambda r, k=key: r.swept.get(k), lambda v: json.dumps(v) if not isinstance(v, str) else v))
-    columns.append(Column("params", lambda r: r.summary.get("params"), _params))
-    for name in VAL_QUALITY:
-        if any(r.final(f"val/{name}") is not None for r in records):
-            columns.append(Column(f"val {name}", lambda r, n=name: r.final(f"val/{n}"), _quality_fmt(name), numeric=True))
+        columns.append(Column(key.rsplit(".", 1)[-1], "json", value=lambda r, k=key: r.swept.get(k)))
+    columns.append(Column("params", "params", value=lambda r: r.summary.get("params")))
+    for name in VAL_QUALITY:  # at the best checkpoint, what the evaluations test
+        if any(r.at_best(f"val/{name}") is not None for r in records):
+            columns.append(Column(f"val {name} (best)", quality_format(name), True,
+                                  value=lambda r, n=name: r.at_best(f"val/{n}")))
     # A frontier's evaluations (one per decoding and batch size) get their own section.
     evaluations = list(dict.fromkeys(e for r in records for e in r.evaluations if e not in r.frontier))
     evaluations.sort(key=lambda e: e != "test")
     for evaluation in evaluations:
+        checkpoints = {r.checkpoints.get(evaluation, "best") for r in records if evaluation in r.evaluations}
+        which = checkpoints.pop() if len(checkpoints) == 1 else "/".join(sorted(checkpoints))
         for name in QUALITY:
             key = f"test/{name}"
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
-                columns.append(Column(f"{evaluation} {name}", lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k),
-                                      _quality_fmt(name), numeric=True, evaluation=evaluation, metric=name))
+                columns.append(Column(f"{evaluation} {name} ({which})", quality_format(name), True, name, evaluation,
+                                      value=lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k)))
     if any(r.ledger("flops") is not None for r in records):  # what each run spent (attnlab.training.ledger)
-        columns.append(Column("train FLOPs", lambda r: r.ledger("flops"), _count, numeric=True))
-        columns.append(Column("train tokens", lambda r: r.ledger("tokens"), _count, numeric=True))
-        columns.append(Column("epochs", lambda r: r.ledger("epochs"), _number(2), numeric=True))
-    columns.append(Column("train tok/s", RunRecord.train_tokens_per_s, _thousands, numeric=True))
-    columns.append(Column("gen tok/s", RunRecord.gen_tokens_per_s, _thousands, numeric=True))
-    columns.append(Column("fit wall", lambda r: r.summary.get("fit_seconds"), _minutes, numeric=True))
+        columns.append(Column("train FLOPs", "count", True, value=lambda r: r.ledger("flops")))
+        columns.append(Column("train tokens", "count", True, value=lambda r: r.ledger("tokens")))
+        columns.append(Column("epochs", "number", True, value=lambda r: r.ledger("epochs")))
+    if any(spent_share(r) is not None for r in records):
+        columns.append(Column("of budget", "percent", True, value=spent_share))
+    columns.append(Column("train tok/s", "thousands", True, value=RunRecord.train_tokens_per_s))
+    columns.append(Column("gen tok/s", "thousands", True, value=RunRecord.gen_tokens_per_s))
+    columns.append(Column("fit wall", "minutes", True, value=lambda r: r.summary.get("fit_seconds")))
     return columns
 
 
-def run_tests(points: list[Point], columns: list[Column], reference: str | None = None) -> None:
-    """Paired tests of every evaluation column against the `reference` row the sweep names, else
-    against the first row (in sweep order) with a value in that column: chosen before any number
-    is seen, so which row the others are tested against cannot follow the results (stored on the
-    column; p-values raw until `adjust`)."""
-    for column in columns:
-        if column.metric is not None:
-            scored = [p.name for p in points if column.summary(p) is not None]
-            column.tests = test_column(points, column.evaluation, column.metric, scored,
-                                       reference if reference is not None else next(iter(scored), None))
+def spent_share(record: RunRecord) -> float | None:
+    """What a run spent of its budget of flops, tokens or epochs (its ledger over the budget)."""
+    budget = record.budget() or {}
+    kind = next((k for k in ("flops", "tokens", "epochs") if k in budget), None)
+    spent = record.ledger(kind) if kind else None
+    return None if spent is None else spent / float(budget[kind])
 
 
-def sweep_reference(points: list[Point]) -> str | None:
-    """The row a sweep's `reference:` names, or None. Runs finished before the file gained its
-    `reference:` name none and do not count; runs that name different ones leave none, said."""
-    named = {r.reference for p in points for r in p.records} - {None}
+def point_reference(point: Point, names: list[str]) -> str | None:
+    """The row `point` is tested against: the one its runs name (done.json; a facetted sweep names
+    its grid cell's), else the first row; None when the row it names is not in the report."""
+    named = {r.reference for r in point.records} - {None}
     if len(named) > 1:
-        print(f"report: the runs name different reference rows ({', '.join(sorted(named))}); "
-              "testing against the first row instead", file=sys.stderr)
-    reference = named.pop() if len(named) == 1 else None
-    return reference if reference in {p.name for p in points} else None
-
-
-def _cell(column: Column, point: Point, marks: bool = True) -> str:
-    """The table's text of one cell; `marks`: bold for the reference row, `*` for a significant
-    difference (Holm-adjusted p)."""
-    if not column.numeric:
-        value = column.value(point.first)
-        return "—" if value is None else column.fmt(value)
-    summary = column.summary(point)
-    if summary is None:
-        return "—"
-    text = column.fmt(summary.mean) + (f" ± {column.fmt(summary.std)}" if summary.n > 1 else "")
-    tests = column.tests if marks else None
-    if tests is not None and tests.reference == point.name:
-        return f"**{text}**"
-    if tests is not None and (p := tests.p_values.get(point.name)) is not None and p < ALPHA:
-        return text + " *"
-    return text
-
-
-def _interval(column: Column, point: Point) -> str:
-    summary = column.summary(point)
-    if summary is None or summary.low is None:
-        return "—"
-    return f"[{column.fmt(summary.low)}, {column.fmt(summary.high)}]"
-
-
-def markdown_table(points: list[Point], columns: list[Column]) -> str:
-    headers = [columns[0].header, "n", *(c.header for c in columns[1:])]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for point in points:
-        cells = [_cell(c, point) for c in columns]
-        lines.append("| " + " | ".join([cells[0], str(len(point.records)), *cells[1:]]) + " |")
-    return "\n".join(lines)
-
-
-def interval_table(points: list[Point], columns: list[Column]) -> str:
-    numeric = [c for c in columns if c.numeric]
-    lines = ["| run | n | " + " | ".join(c.header for c in numeric) + " |", "|" + "---|" * (len(numeric) + 2)]
-    for point in points:
-        lines.append(f"| {point.name} | {len(point.records)} | " + " | ".join(_interval(c, point) for c in numeric) + " |")
-    return "\n".join(lines)
-
-
-SEEDS_WORDS = (f"a hierarchical paired bootstrap over seeds and examples ({HIERARCHICAL_SAMPLES:,} resamples: seeds drawn "
-               "with replacement, then test examples with replacement within each drawn seed, the same for both rows; "
-               "statistic: the mean over seeds of the difference of the corpus metric; p: twice its smaller tail at 0)")
-ONE_SEED_WORDS = ("that seed's test examples alone: sacreBLEU's paired bootstrap resampling for BLEU and chrF, a paired "
-                  "sign-flip permutation test for nll, bpb and exact match")
-
-
-def tests_sentence(tests: list[ColumnTest]) -> str:
-    """Which test the marks used: over seeds, on one seed's examples, or each for the rows named."""
-    rows: dict[bool, list[str]] = {}
-    for test in tests:
-        for name, c in test.comparisons.items():
-            if name not in rows.get(c.test == "seeds", []):
-                rows.setdefault(c.test == "seeds", []).append(name)
-    if set(rows) == {True, False}:
-        return (f"Rows sharing two or more seeds with the reference ({', '.join(rows[True])}): {SEEDS_WORDS}; rows "
-                f"sharing one ({', '.join(rows[False])}): {ONE_SEED_WORDS}.")
-    if False in rows:
-        return f"The rows share one seed with the reference, so the test uses {ONE_SEED_WORDS}."
-    return f"Test: {SEEDS_WORDS}."
-
-
-def significance_text(points: list[Point], columns: list[Column], reference: str | None = None,
-                      comparisons: int = 0, frontier: bool = False) -> list[str]:
-    """The words under the table: the reference row, the test and its correction, then one line per
-    tested column: which rows differ significantly, which do not, which only on the pooled test.
-    `reference`: the row the sweep names; `comparisons`: how many p-values Holm adjusted."""
-    tested = [c for c in columns if c.tests is not None and c.tests.reference is not None]
-    if not tested or len(points) < 2:
-        return []
-    seeds = sorted({len(p.records) for p in points})
-    references = list(dict.fromkeys(c.tests.reference for c in tested))
-    if reference or len(references) == 1:
-        why = "named by the sweep's `reference:`" if reference else "the first row; a sweep's `reference:` names another"
-        bold = f"the reference row, {reference or references[0]}, which every other row is tested against ({why})"
-    else:
-        bold = "the reference row of each column (the first row with a value), which every other row is tested against"
-    lines = [
-        f"Bold: {bold}. `*`: significantly different from it at p < {ALPHA}, two-sided, paired on the same seeds and "
-        f"test examples, p Holm-adjusted over the report's {comparisons} comparison{'s' if comparisons != 1 else ''} "
-        f"(every tested row of every marked column{', the frontier included' if frontier else ''}). "
-        f"{tests_sentence([c.tests for c in tested])} Seeds per row: {', '.join(map(str, seeds))}. "
-        "Unmarked rows are not significantly different from the reference.",
-        "",
-    ]
-    by_name = {p.name: p for p in points}
-    overlapping = pooled_only = False
-    for column in tested:
-        tests = column.tests
-        ref = column.summary(by_name[tests.reference])
-        worse, same, pooled = [], [], []
-        for name, c in tests.comparisons.items():
-            if c.p < ALPHA:
-                mine = column.summary(by_name[name])
-                overlap = ref.low is not None and mine.low is not None and mine.low <= ref.high and ref.low <= mine.high
-                overlapping |= overlap
-                worse.append(f"{name} (p = {c.p:.3g}{'; intervals over seeds overlap' if overlap else ''})")
-            else:
-                same.append(f"{name} (p = {c.p:.3g})")
-            if c.pooled_only:
-                pooled.append(f"{name} (pooled p = {c.pooled:.3g})")
-        pooled_only |= bool(pooled)
-        parts = [f"- **{column.header}**: reference {tests.reference} ({column.fmt(ref.mean)})"]
-        parts.append(f"significantly different: {', '.join(worse)}" if worse else "no row significantly different")
-        if same:
-            parts.append(f"not significantly different: {', '.join(same)}")
-        if pooled:
-            parts.append(f"significant on the pooled example-level test, not over seeds: {', '.join(pooled)}")
-        if tests.skipped:
-            parts.append("not tested: " + ", ".join(f"{n} ({why})" for n, why in tests.skipped.items()))
-        lines.append("; ".join(parts) + ".")
-    if pooled_only:
-        lines += ["", "The pooled example-level test treats every (seed, example) pair as exchangeable (sacreBLEU's "
-                  "paired bootstrap for BLEU and chrF, the sign-flip permutation test otherwise; Holm-adjusted over the "
-                  "same comparisons). A difference it calls significant and the bootstrap over seeds does not holds "
-                  "for these trained models on these test examples; another seed may not keep it."]
-    if overlapping:
-        k = max(seeds)  # k seeds drawn k times with replacement: C(2k - 1, k) distinct draws
-        lines += ["", "Where a marked row's 95 % interval over seeds overlaps the reference row's: the bootstrap "
-                  f"draws from these few seeds only ({k} seeds give {math.comb(2 * k - 1, k)} distinct draws), which "
-                  "makes it less cautious than the t interval; more seeds would tell whether another training run "
-                  "keeps the order."]
-    return lines
-
-
-def quality_cells(points: list[Point], columns: list[Column]) -> dict[str, dict[str, str]]:
-    """Per row, every validation and test quality cell as the table shows it (without marks):
-    what a rerun must reproduce for its page's history to say that every quality number matched."""
-    quality = [c for c in columns if c.metric is not None or c.header.startswith("val ")]
-    return {p.name: {c.header: _cell(c, p, marks=False) for c in quality} for p in points}
+        print(f"report: the runs of {point.name} name different reference rows ({', '.join(sorted(named))}); "
+              "testing it against the first row instead", file=sys.stderr)
+    if len(named) == 1:
+        reference = named.pop()
+        return reference if reference in names else None
+    return names[0]
 
 
 def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
-    """report.json: per row, every column's value (numbers: per-seed values, mean, std, n, interval;
-    tested columns: whether the row is the reference, and against it: p (Holm-adjusted, the mark's),
-    p_raw, the test (a key of significance.TESTS), pooled_p and pooled_p_raw (the example-level
-    test over pooled seeds and examples))."""
+    """report.json's rows: per row its seeds, reference row, facet and whether it was tuned, and every
+    column's value (numeric: per-seed values, mean, std, n, interval)."""
+    names = [p.name for p in points]
     rows = []
     for point in points:
-        row: dict = {"seeds": point.seeds}
+        first = point.first
+        row: dict = {"seeds": point.seeds, "reference": point_reference(point, names), "facet": first.facet,
+                     "tuned": first.tuned}
         for column in columns:
             if not column.numeric:
-                row[column.header] = column.value(point.first)
+                row[column.header] = column.value(first)
                 continue
-            summary = column.summary(point)
-            entry = {"values": [column.value(r) for r in point.records]}
-            if summary is not None:
+            entry: dict = {"values": [column.value(r) for r in point.records]}
+            if (summary := column.summary(point)) is not None:
                 entry.update(mean=summary.mean, std=summary.std, n=summary.n, ci95=[summary.low, summary.high])
-            if column.tests is not None:
-                c = column.tests.comparisons.get(point.name)
-                entry.update(reference=column.tests.reference == point.name, p=c and c.p, p_raw=c and c.p_raw,
-                             test=c and c.test, pooled_p=c and c.pooled, pooled_p_raw=c and c.pooled_raw)
             row[column.header] = entry
         rows.append(row)
     return rows
+
+
+def table_rows(rows: list[dict]) -> list[Row]:
+    return [Row(r["run"], r["seeds"], r.get("reference"), r.get("facet"), r.get("tuned")) for r in rows]
+
+
+def compare_columns(rows: list[dict], columns: list[ColumnMeta], example_test=None) -> list[tuple[str, dict]]:
+    """Each tested column's comparisons, every row against its reference on the per-seed values
+    (raw p until `significance.adjust`), written into the rows' cells."""
+    out = []
+    for column in (c for c in columns if c.tested):
+        values = {r["run"]: r[column.header]["values"] for r in rows if isinstance(r.get(column.header), dict)}
+        test = (lambda metric, row, ref, seed, e=column.evaluation: example_test(e, metric, row, ref, seed)) \
+            if example_test else None
+        comparisons = compare(table_rows(rows), values, column.metric, test)
+        for row in rows:
+            if isinstance(row.get(column.header), dict):
+                row[column.header] = {k: v for k, v in row[column.header].items() if k in ("values", "mean", "std", "n", "ci95")}
+                if row["run"] in comparisons:
+                    row[column.header]["comparison"] = comparisons[row["run"]]
+        out.append((column.metric, comparisons))
+    return out
+
+
+def store_comparisons(rows: list[dict]) -> None:
+    """The comparisons, adjusted, as JSON in their cells."""
+    for row in rows:
+        for entry in row.values():
+            if isinstance(entry, dict) and isinstance(entry.get("comparison"), Comparison):
+                entry.update(entry.pop("comparison").as_json())
+
+
+def records_example_test(points: list[Point]):
+    """The example-level test of two rows on one shared seed, from the examples.jsonl its evaluation saved."""
+    by_name = {p.name: p for p in points}
+
+    def run(evaluation: str, metric: str, row: str, reference: str, seed):
+        mine, theirs = (next(r for r in by_name[n].records if r.seed == seed).examples(evaluation) for n in (row, reference))
+        if not mine or not theirs:
+            return "no per-example values (examples.jsonl)"
+        return example_p(metric, mine, theirs)
+
+    return run
 
 
 def budget_line(points: list[Point]) -> str:
@@ -317,7 +198,7 @@ def budget_line(points: list[Point]) -> str:
         if kind is None:
             return ""
         amount = budget[kind] if isinstance(budget[kind], str) else f"{budget[kind]:.3g}"
-        return f"under a budget of {kind} {amount}"
+        return f"to a budget of {kind} {amount}"
 
     def steps(records: list[RunRecord]) -> str:
         counts = sorted({r.summary["steps"] for r in records})
@@ -360,7 +241,7 @@ def _clock(seconds: float) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab report", description=DESCRIPTION)
-    parser.add_argument("folder", help="a sweep folder (runs/<sweep>) or any folder holding run folders")
+    parser.add_argument("folder", nargs="?", help="a sweep folder (runs/<sweep>) or any folder holding run folders")
     parser.add_argument("--output", help="where to write report.md, report.json and the plots (default: <folder>/report)")
     parser.add_argument("--metric", default="chrf", help="quality metric of the quality-against-parameters plot "
                                                         "(nll, bpb, bleu, chrf, exact_match; test if measured, else val)")
@@ -370,18 +251,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--publish", metavar="PAGE.md",
                         help="also write a results page for the docs (e.g. docs/results/<name>.md) from report.json, "
                              "with the plots beside it; a page already there keeps its history and gains one line")
+    parser.add_argument("--remark", metavar="PAGE.md",
+                        help="render a published results page again from its PAGE.json with today's tests and words "
+                             "(no runs needed: the per-seed values are in it); its history gains a line saying so")
     parser.add_argument("--wandb", default="auto", choices=("auto", "online", "offline", "disabled"),
                         help="log the table and plots as a wandb run of the sweep's group (default: auto)")
     return parser
 
 
 def report_main(argv: list[str]) -> int:
+    from attnlab.experiment.compute_frontier import compute_frontier
     from attnlab.experiment.curves import build_curves, crossover_text, facet_key, write_curves
     from attnlab.experiment.frontier import frontier_tests, write_frontier
     from attnlab.experiment.plots import write_plots
     from attnlab.experiment.tune import tuning_section
 
     args = build_parser().parse_args(argv)
+    if args.remark:
+        from attnlab.experiment.publish import remark
+
+        print(f"report: re-marked {remark(Path(args.remark))}")
+        return 0
+    if args.folder is None:
+        raise AttnlabError("give a folder of runs (attnlab report runs/<sweep>), or --remark PAGE.md")
     if args.publish and not args.publish.endswith(".md"):
         raise AttnlabError(f"--publish {args.publish}: give the page's path ending in .md, e.g. docs/results/<name>.md")
     folder = Path(args.folder)
@@ -390,12 +282,13 @@ def report_main(argv: list[str]) -> int:
         raise AttnlabError(f"no runs under {folder}: a run folder holds the metrics.csv that `attnlab fit` writes")
     points = group_points(records)
     columns = build_columns(records)
-    reference = sweep_reference(points)
-    run_tests(points, columns, reference)
-    speed = frontier_tests(points)  # its marks join the report's family of comparisons
-    comparisons = adjust([c.tests for c in columns if c.tests is not None] + (list(speed.tests.values()) if speed else []))
-    table, intervals = markdown_table(points, columns), interval_table(points, columns)
-    words = significance_text(points, columns, reference, comparisons, frontier=bool(speed and speed.tests))
+    rows = report_rows(points, columns)
+    example_test = records_example_test(points)
+    tested = compare_columns(rows, columns, example_test)
+    speed = frontier_tests(points, example_test)  # its comparisons join the report's Holm families
+    counts = adjust(tested + (speed.columns() if speed else []))
+    store_comparisons(rows)
+    md = render(columns, rows, counts)
     output = Path(args.output) if args.output else folder / "report"
     output.mkdir(parents=True, exist_ok=True)
     plots = write_plots(points, output, args.metric)
@@ -403,22 +296,24 @@ def report_main(argv: list[str]) -> int:
     curves = build_curves(points, facet)  # fits with the budget ledger only
     plots += write_curves(curves, output, facet)
     learning = crossover_text(curves, facet)
-    frontier, frontier_plots = write_frontier(speed, output, args.metric, comparisons)
+    frontier, frontier_plots = write_frontier(speed, output, args.metric, counts)
     plots += frontier_plots
+    ladder = compute_frontier(points)
+    ladder_lines, ladder_plots = ladder.write(output) if ladder else ([], [])
+    plots += ladder_plots
     budget = budget_line(points)
-    tuning = tuning_section(folder)
+    tuning = tuning_section(folder, [r["run"] for r in rows])
     body = [f"# Report: {folder}", "", f"{len(points)} row(s), {len(records)} run(s); numbers are mean ± std over "
-            "the seeds of a row (n). " + budget, "", table, "", *words, "",
-            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", intervals, "", *learning,
-            *frontier, *([*tuning, ""] if tuning else [])]
+            "the seeds of a row (n). " + budget, "", md["table"], "", *md["significance"], "",
+            "95 % intervals of the mean over seeds (Student t, n - 1 degrees of freedom):", "", md["intervals"], "",
+            *ladder_lines, *learning, *frontier, *([*tuning, ""] if tuning else [])]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (output / "report.md").write_text("\n".join(body) + "\n")
-    rows = report_rows(points, columns)
     report = {
-        "format": 3, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
-        "budget": budget, "rows": rows, "quality": quality_cells(points, columns),
-        "markdown": {"table": table, "significance": words, "intervals": intervals, "frontier": frontier,
-                     "tuning": tuning, "learning": learning},
+        "format": 4, "folder": str(folder), "meta": read_sweep_record(folder) or context(f"attnlab report {folder}"),
+        "budget": budget, "columns": [c.meta() for c in columns], "rows": rows, "tests": counts,
+        "quality": quality_cells(columns, rows), "compute_frontier": ladder.as_json() if ladder else None,
+        "markdown": {**md, "frontier": frontier, "tuning": tuning, "learning": learning, "compute_frontier": ladder_lines},
         "plots": [p.name for p in plots],
     }
     (output / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
@@ -426,11 +321,10 @@ def report_main(argv: list[str]) -> int:
         from attnlab.experiment.publish import publish
 
         print(f"report: published {publish(output / 'report.json', Path(args.publish))}")
-    print(table)
-    if words:
-        print("\n" + "\n".join(words))
-    if frontier:
-        print("\n" + "\n".join(frontier))
+    print(md["table"])
+    for section in (md["significance"], ladder_lines, frontier):
+        if section:
+            print("\n" + "\n".join(section))
     print(f"\nreport: {output / 'report.md'} ({len(plots)} plots)")
     if args.wandb != "disabled":
         from attnlab.experiment.wandb_report import log_report

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -34,7 +35,10 @@ class RunRecord:
     evaluation_dirs: dict[str, Path] = field(default_factory=dict)
     frontier: dict[str, dict] = field(default_factory=dict)  # evaluation -> {decoding, batch_size} (done.json)
     frontier_reference: str | None = None  # <point>/<decoding> the frontier compares with
-    reference: str | None = None  # the point a sweep's tests compare every row with (done.json)
+    reference: str | None = None  # the point a sweep's tests compare this one with (done.json; itself: a reference)
+    facet: str | None = None  # a facetted sweep's grid cell: tests stay within it (done.json)
+    tuned: bool | None = None  # a tuned sweep's point: whether the tune stage chose its values (None: no tune stage)
+    checkpoints: dict[str, str] = field(default_factory=dict)  # evaluation -> the checkpoint it tested (best, last, averaged)
     _examples: dict = field(default_factory=dict, repr=False)  # evaluation -> records, read once
 
     def final(self, key: str) -> float | None:
@@ -44,6 +48,24 @@ class RunRecord:
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(int(row.get("step", i)), row[key]) for i, row in enumerate(self.history) if key in row]
+
+    def best_validation(self) -> dict[str, float] | None:
+        """The validation row of the run's best checkpoint: the first with the best value of the
+        metric its checkpoints were chosen by (summary.json "monitor"; val/nll, lowest, for a run
+        written before it said), as ModelCheckpoint keeps only a strictly better one."""
+        monitor = self.summary.get("monitor") or {"metric": "val/nll", "mode": "min"}
+        key = monitor["metric"]
+        rows = [row for row in self.history if key in row and math.isfinite(row[key])]
+        if not rows:
+            return None
+        pick = max if monitor["mode"] == "max" else min
+        best = pick(row[key] for row in rows)
+        return next(row for row in rows if row[key] == best)
+
+    def at_best(self, key: str) -> float | None:
+        """A validation metric at the run's best checkpoint (`best_validation`)."""
+        row = self.best_validation()
+        return None if row is None else row.get(key)
 
     def train_tokens_per_s(self) -> float | None:
         """Median over logged steps: robust to the slow first steps and to evaluation pauses."""
@@ -211,7 +233,9 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
             record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
                                seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"),
                                frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"),
-                               reference=done.get("reference"))
+                               reference=done.get("reference"), facet=done.get("facet"),
+                               checkpoints=done.get("checkpoints", {}),
+                               tuned=None if "tuned" not in done else bool(done["tuned"]))
             summary = folder / "summary.json"
             if summary.is_file():
                 record.summary = json.loads(summary.read_text())

@@ -1,79 +1,181 @@
-"""Which rows of a report differ significantly from the reference row, over seeds and test examples.
+"""Which rows of a report differ from their reference row, and by how much, with seeds as the unit.
 
-A row meets the reference on the seeds both ran (seed k with seed k) and, within a seed, on the
-same test examples (example i with example i), from the examples.jsonl each `attnlab test` saves.
-Seeds are the unit of replication: a row sharing two or more seeds with the reference is tested
-by a hierarchical paired bootstrap (seeds, then examples within each seed: stats.hierarchical_bootstrap)
-of the corpus metric: BLEU and chrF from sacreBLEU's per-sentence statistics, nll = summed nll /
-summed tokens, bpb = summed bits / summed bytes, exact match = share of exact outputs. With one
-shared seed there is no spread between seeds to see, and the examples of that seed are tested as
-before: sacreBLEU's paired bootstrap (BLEU, chrF), a sign-flip permutation test (nll, bpb, exact
-match). That example-level test is also run on the pooled (seed, example) pairs of every row, only
-to say where it calls a difference significant that the bootstrap over seeds does not.
-`adjust` applies Holm's correction over every comparison of one report.
+Each row is tested against the row it names as its reference (the sweep's `reference:`; in a
+facetted sweep the reference base's point of the same grid cell, so no test crosses cells), on the
+seeds both ran, seed k with seed k, in each evaluation column:
+
+- 3 or more shared seeds (stats.MIN_SEEDS): a paired t-test on the per-seed corpus metrics, the
+  values the table averages; its mean difference with a 95 % t interval and, where it finds
+  nothing, the smallest difference those seeds could have found with 80 % power. Mark `*`.
+- 2 shared seeds: no test. With one degree of freedom t(0.975) is 12.7, so only an effect a dozen
+  times the seed spread could show; the words say so rather than mark anything.
+- 1 shared seed: two single systems. An example-level test on that seed's test examples
+  (sacreBLEU's paired bootstrap for BLEU and chrF, a sign-flip permutation test otherwise), under
+  its own mark `†`: it says these two trained models differ on these examples, not that another
+  training run would keep the order.
+
+A tuned row is never tested against an untuned one (the difference would be the tuning's). Holm's
+correction runs over the report's hypotheses, one per row and metric family (nll and bpb measure
+one quantity: one hypothesis, whose p is the larger of the two), the seed-level and the
+example-level tests each a family of its own.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
+from typing import Callable
 
-from attnlab.experiment.stats import ALPHA, hierarchical_bootstrap, holm, paired_permutation_p, sacrebleu_paired_p
+from attnlab.experiment.stats import (
+    ALPHA,
+    MIN_SEEDS,
+    detectable_difference,
+    holm,
+    paired_permutation_p,
+    paired_t,
+    sacrebleu_paired_p,
+)
 
 PER_EXAMPLE = {"nll": "nll", "bpb": "bits", "exact_match": "exact"}
 DENOMINATOR = {"nll": "tokens", "bpb": "bytes", "exact_match": None}  # None: per example
-TESTS = {"seeds": "hierarchical bootstrap over seeds and examples",
-         "sacrebleu": "sacreBLEU paired bootstrap, one seed", "permutation": "sign-flip permutation test, one seed"}
+FAMILY = {"nll": "likelihood", "bpb": "likelihood", "bleu": "bleu", "chrf": "chrf", "exact_match": "exact_match"}
+MARKS = {"seeds": "*", "examples": "†"}
+EXAMPLE_TESTS = {"bleu": "sacreBLEU's paired bootstrap", "chrf": "sacreBLEU's paired bootstrap"}
+PERMUTATION = "a sign-flip permutation test"
+
+
+@dataclass
+class Row:
+    """What the tests need of a table row: its seeds, the row it is tested against (its own name:
+    a reference; None: not tested), its facet and whether a tune stage chose its values."""
+
+    name: str
+    seeds: list
+    reference: str | None
+    facet: str | None = None
+    tuned: bool | None = None
 
 
 @dataclass
 class Comparison:
-    """One row against the reference in one column: the test its mark uses, its p, and the pooled
-    example-level p. `p` and `pooled` are Holm-adjusted once `adjust` has seen the report's
-    comparisons; until then a comparison is a family of its own (adjusted = raw)."""
+    """One row against its reference in one column. test: "seeds" (paired t over seeds), "examples"
+    (one shared seed's test examples) or "none" (`why`). difference: the row's mean over the shared
+    seeds minus the reference's; low, high: its 95 % t interval; detectable: the smallest difference
+    the seeds could have found (80 % power, at the level Holm holds the first hypothesis to); p:
+    Holm-adjusted once `adjust` ran."""
 
-    test: str  # a key of TESTS
-    p_raw: float
-    pooled_raw: float  # the example-level test over pooled (seed, example) pairs; p_raw itself with one seed
-    p: float = field(init=False)
-    pooled: float = field(init=False)
-
-    def __post_init__(self):
-        self.p, self.pooled = self.p_raw, self.pooled_raw
-
-    @property
-    def pooled_only(self) -> bool:
-        """Significant on the pooled example-level test, not over seeds."""
-        return self.test == "seeds" and self.pooled < ALPHA <= self.p
-
-
-@dataclass
-class ColumnTest:
-    reference: str | None
-    comparisons: dict[str, Comparison] = field(default_factory=dict)  # row -> its test (reference excluded)
-    skipped: dict[str, str] = field(default_factory=dict)  # row -> why it was not tested
+    test: str
+    shared: int
+    difference: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p_raw: float | None = None
+    p: float | None = None
+    spread: float | None = None
+    detectable: float | None = None
+    why: str | None = None
 
     @property
-    def p_values(self) -> dict[str, float]:
-        """row -> the p its mark uses (Holm-adjusted once `adjust` ran)."""
-        return {name: c.p for name, c in self.comparisons.items()}
+    def significant(self) -> bool:
+        return self.p is not None and self.p < ALPHA
+
+    @property
+    def mark(self) -> str:
+        return MARKS[self.test] if self.significant else ""
+
+    def as_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> Comparison:
+        return cls(**{k: entry.get(k) for k in cls.__dataclass_fields__})
 
 
-def adjust(tests) -> int:
-    """Holm-adjust every comparison of `tests` (the ColumnTests of one report) as one family, the
-    pooled p-values as another of the same size; the number of comparisons."""
-    comparisons = [c for test in tests for c in test.comparisons.values()]
-    for c, p, pooled in zip(comparisons, holm([c.p_raw for c in comparisons]), holm([c.pooled_raw for c in comparisons])):
-        c.p, c.pooled = p, pooled
-    return len(comparisons)
+# An example-level test of one row against its reference on one shared seed: (metric, row, reference,
+# seed) -> (p, the test's name), or why it cannot run.
+ExampleTest = Callable[[str, str, str, object], "tuple[float, str] | str"]
 
 
-def _examples(point, evaluation: str | dict[str, str], seed) -> list[dict] | None:
-    if isinstance(evaluation, dict):
-        evaluation = evaluation[point.name]
-    return next(r for r in point.records if r.seed == seed).examples(evaluation) or None
+def compare(rows: list[Row], values: dict[str, list], metric: str, example_test: ExampleTest | None = None
+            ) -> dict[str, Comparison]:
+    """row -> its comparison with its reference in one column whose per-seed values (aligned with
+    each row's seeds, None where a seed has none) are `values[row]`; raw p until `adjust`."""
+    by_name = {row.name: row for row in rows}
+    out = {}
+    for row in rows:
+        reference = by_name.get(row.reference) if row.reference not in (None, row.name) else None
+        if reference is None or row.name not in values or reference.name not in values:
+            continue
+        mine, theirs = dict(zip(row.seeds, values[row.name])), dict(zip(reference.seeds, values[reference.name]))
+        shared = [s for s in row.seeds if mine.get(s) is not None and theirs.get(s) is not None]
+        out[row.name] = _compare(row, reference, [mine[s] for s in shared], [theirs[s] for s in shared], shared,
+                                 metric, example_test)
+    return out
 
 
-def _statistics(metric: str, examples: list[dict]):
-    """Per-example sufficient statistics of `metric` (rows: examples), summed by `_score`."""
+def _compare(row: Row, reference: Row, mine: list, theirs: list, shared: list, metric: str,
+             example_test: ExampleTest | None) -> Comparison:
+    n = len(shared)
+    difference = sum(mine) / n - sum(theirs) / n if n else None
+    if None not in (row.tuned, reference.tuned) and row.tuned != reference.tuned:
+        return Comparison("none", n, difference, why="tuned against untuned: the difference would include the tuning")
+    if n >= MIN_SEEDS:
+        t = paired_t(mine, theirs)
+        return Comparison("seeds", n, t.difference, t.low, t.high, t.p, spread=t.spread)
+    if n == 0:
+        return Comparison("none", 0, why="no seed in common")
+    if n == 2:
+        return Comparison("none", 2, difference, why=f"2 shared seeds; a test over training runs needs {MIN_SEEDS}")
+    found = example_test(metric, row.name, reference.name, shared[0]) if example_test is not None else None
+    if not isinstance(found, tuple):
+        return Comparison("none", 1, difference, why=f"one shared seed; {found or 'no per-example values to test it on'}")
+    p, test = found
+    return Comparison("examples", 1, difference, p_raw=p, why=test)
+
+
+def adjust(columns: list[tuple[str, dict[str, Comparison]]]) -> dict[str, int]:
+    """Holm-adjust every comparison of a report (`columns`: (metric, row -> Comparison) per tested
+    column), the seed-level and the example-level tests as two families, each hypothesis one row and
+    metric family; a non-significant seed-level comparison gets its detectable difference at the
+    level Holm holds the first hypothesis to (alpha / hypotheses). Returns the hypotheses per test."""
+    counts = {}
+    for test in MARKS:
+        hypotheses: dict[tuple, list[Comparison]] = {}
+        for metric, comparisons in columns:
+            for row, c in comparisons.items():
+                if c.test == test:
+                    hypotheses.setdefault((row, FAMILY[metric]), []).append(c)
+        keys = list(hypotheses)
+        for key, p in zip(keys, holm([max(c.p_raw for c in hypotheses[k]) for k in keys])):
+            for c in hypotheses[key]:
+                c.p = p
+                if test == "seeds":
+                    c.detectable = None if c.significant else detectable_difference(c.spread, c.shared,
+                                                                                   ALPHA / len(keys))
+        counts[test] = len(keys)
+    return counts
+
+
+# ---- example-level tests on one seed's test examples ------------------------------------------------
+
+def example_p(metric: str, mine: list[dict], theirs: list[dict]) -> tuple[float, str] | str:
+    """(p, the test) of one system's test examples against another's (the same examples, in order),
+    or why they cannot be tested."""
+    if [(e["index"], e["reference"]) for e in mine] != [(e["index"], e["reference"]) for e in theirs]:
+        return "different test examples"
+    field_name = "hypothesis" if metric in ("bleu", "chrf") else PER_EXAMPLE[metric]
+    if field_name not in mine[0] or field_name not in theirs[0]:
+        return "no generations saved"
+    if metric == "nll" and [e["tokens"] for e in mine] != [e["tokens"] for e in theirs]:
+        return "other tokenization: compare bpb"
+    if metric in ("bleu", "chrf"):
+        p = sacrebleu_paired_p(metric, [e["reference"] for e in theirs], [e["hypothesis"] for e in theirs],
+                               {"row": [e["hypothesis"] for e in mine]})["row"]
+        return p, EXAMPLE_TESTS[metric]
+    return paired_permutation_p([float(e[field_name]) for e in mine], [float(e[field_name]) for e in theirs]), PERMUTATION
+
+
+def statistics(metric: str, examples: list[dict]):
+    """Per-example sufficient statistics of `metric` (rows: examples), summed by `score`: what
+    stats.seed_test takes to score each seed's corpus metric from its examples."""
     import numpy as np
 
     if metric == "bleu":  # public API: a sentence's BLEU carries its n-gram counts and lengths
@@ -96,7 +198,7 @@ def _statistics(metric: str, examples: list[dict]):
                      for e in examples])
 
 
-def _score(metric: str):
+def score(metric: str):
     """Summed statistics (rows) -> the corpus metric, as the evaluation logs it."""
     import numpy as np
 
@@ -117,71 +219,3 @@ def _score(metric: str):
         return lambda stats: np.array([compute(list(s)).score for s in stats])
     scale = 100.0 if metric == "exact_match" else 1.0
     return lambda stats: scale * stats[:, 0] / stats[:, 1]
-
-
-def over_seeds(metric: str, mine: list[list[dict]], theirs: list[list[dict]]) -> tuple[float, float]:
-    """(difference, p) of a row's examples against the reference's, one list per shared seed."""
-    return hierarchical_bootstrap([_statistics(metric, m) for m in mine], [_statistics(metric, t) for t in theirs],
-                                  _score(metric))
-
-
-def _why_not(metric: str, mine: list[dict], theirs: list[dict]) -> str | None:
-    if [(e["index"], e["reference"]) for e in mine] != [(e["index"], e["reference"]) for e in theirs]:
-        return "different test examples"
-    field_name = "hypothesis" if metric in ("bleu", "chrf") else PER_EXAMPLE[metric]
-    if field_name not in mine[0] or field_name not in theirs[0]:
-        return "no generations saved"
-    if metric == "nll" and [e["tokens"] for e in mine] != [e["tokens"] for e in theirs]:
-        return "other tokenization: compare bpb"
-    return None
-
-
-def test_column(points, evaluation: str | dict[str, str], metric: str, scored, reference: str | None) -> ColumnTest:
-    """Test every row of `points` with a value (its name in `scored`) against the row named
-    `reference`, on `metric` of `evaluation` (one name, or one per row); p-values raw until `adjust`."""
-    if reference is None or reference not in scored:
-        return ColumnTest(None)
-    ref = next(p for p in points if p.name == reference)
-    out = ColumnTest(reference)
-    pooled: dict[str, tuple] = {}  # row -> (its pooled examples, the reference's, the seeds)
-    over: dict[str, float] = {}  # row -> p over seeds (rows sharing two or more)
-    for point in points:
-        if point.name == reference or point.name not in scored:
-            continue
-        seeds = [s for s in point.seeds if s in set(ref.seeds)]
-        if not seeds:
-            out.skipped[point.name] = "no seed in common with the reference row"
-            continue
-        mine, theirs = [_examples(point, evaluation, s) for s in seeds], [_examples(ref, evaluation, s) for s in seeds]
-        if not all(mine) or not all(theirs):
-            out.skipped[point.name] = "no per-example values (examples.jsonl) for shared seeds"
-            continue
-        why = next((w for m, t in zip(mine, theirs) if (w := _why_not(metric, m, t))), None)
-        if why:
-            out.skipped[point.name] = why
-            continue
-        pooled[point.name] = (sum(mine, []), sum(theirs, []), tuple(seeds))
-        if len(seeds) > 1:
-            over[point.name] = over_seeds(metric, mine, theirs)[1]
-    example_test = "sacrebleu" if metric in ("bleu", "chrf") else "permutation"
-    example_p = _pooled_p(metric, pooled)
-    for name in pooled:  # table order; with one shared seed the example-level test is the mark's
-        p = example_p[name]
-        out.comparisons[name] = Comparison("seeds", over[name], p) if name in over else Comparison(example_test, p, p)
-    return out
-
-
-def _pooled_p(metric: str, pooled: dict[str, tuple]) -> dict[str, float]:
-    """row -> p of the example-level test over its pooled (seed, example) pairs against the reference's."""
-    if metric not in ("bleu", "chrf"):
-        field_name = PER_EXAMPLE[metric]
-        return {name: paired_permutation_p([float(e[field_name]) for e in mine], [float(e[field_name]) for e in theirs])
-                for name, (mine, theirs, _) in pooled.items()}
-    # sacreBLEU tests many systems against one baseline: one call per set of shared seeds, so
-    # seed k of every row meets seed k of the reference.
-    out, by_seeds = {}, {}
-    for name, (mine, theirs, seeds) in pooled.items():
-        by_seeds.setdefault(seeds, (theirs, {}))[1][name] = [e["hypothesis"] for e in mine]
-    for theirs, systems in by_seeds.values():
-        out.update(sacrebleu_paired_p(metric, [e["reference"] for e in theirs], [e["hypothesis"] for e in theirs], systems))
-    return out

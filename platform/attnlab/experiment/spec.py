@@ -6,13 +6,16 @@
     points:                            # instead of a grid: named points, each its own overrides (an
       base: {}                         # ablation table changes one thing at a time, not all combinations)
       h=1: {model.init_args.backbone.n_heads: 1}
-    reference: base                    # test every row against this point (default: the first point)
+    reference: base                    # test every row against this point (default: the first point); with
+                                       # several bases and a grid, a base: each grid cell (a facet, e.g. one
+                                       # budget) is tested against that base's point in it, never across cells
     seeds: [0, 1, 2]                   # every point once per seed (seed_everything), in <point>/seed<k>/
     fixed:
       trainer.max_epochs: 3
     budget: {flops: 2.0e13}            # every point trains until it has spent this (run.budget: flops, tokens,
                                        # epochs or time; see attnlab.training.budget); a named point's own
-                                       # `budget:` wins, e.g. points: {long: {budget: {epochs: 4}}}
+                                       # `budget:` wins, e.g. points: {long: {budget: {epochs: 4}}}, and a
+                                       # grid may list several: grid: {budget: [{flops: 1.0e12}, {flops: 4.0e12}]}
     evaluate:                          # after fit, test a checkpoint once per entry
       test: {}                         # the best by run.monitor (default val/nll)
       len2x: {data.init_args.eval_length_factor: 2}
@@ -67,6 +70,8 @@ class SweepPoint:
     overrides: dict[str, Any]
     index: int = 0  # place in the sweep file, so reports list points in that order
     seed: int | None = None
+    base: str = ""  # the stem of its base config (several bases: the contender)
+    facet: str | None = None  # several bases and a grid: its grid values, the cell its tests stay within
 
     @property
     def folder(self) -> str:
@@ -96,9 +101,19 @@ class SweepSpec:
     seeds: list[int] | None = None
     frontier: Frontier | None = None
     named: dict[str, dict[str, Any]] | None = None  # `points:` (name -> overrides), instead of a grid
-    reference: str | None = None  # the point every row is tested against (None: the first point)
+    reference: str | None = None  # the point (or, facetted, the base) rows are tested against (None: the first)
     tune: Any = None  # attnlab.experiment.tune.TuneSpec: the same search for every point, before its seeds
     init_from: dict[str, tuple[str, int]] = field(default_factory=dict)  # point -> (source point, step)
+
+    def reference_of(self, point: SweepPoint) -> str:
+        """The name of the point `point` is tested against: in a facetted sweep (several bases and a
+        grid) the reference base's point of its own facet, else the reference point; the first
+        base or point by default (chosen before any result is seen)."""
+        points = self.grid_points()
+        if point.facet is None:
+            return self.reference or points[0].name
+        base = self.reference or points[0].base
+        return next(p.name for p in points if p.facet == point.facet and p.base == base)
 
     def snapshot_steps(self, point: SweepPoint) -> list[int]:
         """The steps at which `point` saves checkpoints/step=<k>.ckpt for a point that starts from it."""
@@ -127,17 +142,19 @@ class SweepSpec:
     def grid_points(self) -> list[SweepPoint]:
         """One point per base and grid combination (or per named point), without seeds."""
         if self.named is not None:
-            return [SweepPoint(name, list(self.bases), {**self.fixed, **overrides}, i)
+            return [SweepPoint(name, list(self.bases), {**self.fixed, **overrides}, i, base=self.bases[0].stem)
                     for i, (name, overrides) in enumerate(self.named.items())]
         keys = list(self.grid)
         short = _short_names(keys)
         out = []
         for base in self.bases:
             for values in itertools.product(*(self.grid[k] for k in keys)):
-                parts = [base.stem] if len(self.bases) > 1 else []
-                parts += [f"{short[k]}={_format(v)}" for k, v in zip(keys, values)]
+                cell = [_part(k, short[k], v) for k, v in zip(keys, values)]
+                parts = ([base.stem] if len(self.bases) > 1 else []) + cell
                 overrides = {**self.fixed, **dict(zip(keys, values))}
-                out.append(SweepPoint(",".join(parts) or base.stem, [base], overrides, len(out)))
+                facet = ",".join(cell) if len(self.bases) > 1 and cell else None
+                out.append(SweepPoint(",".join(parts) or base.stem, [base], overrides, len(out), base=base.stem,
+                                      facet=facet))
         return out
 
     def points(self) -> list[SweepPoint]:
@@ -150,6 +167,16 @@ class SweepSpec:
 
 def _format(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _part(key: str, short: str, value) -> str:
+    """A grid point's name part: `n_heads=4`; a budget by its kind, `flops=2.5e12` (a folder name
+    without braces or quotes)."""
+    if key == BUDGET:
+        from attnlab.training.budget import parse_budget
+
+        return parse_budget(value).describe().replace(" ", "=", 1)
+    return f"{short}={_format(value)}"
 
 
 def _short_names(keys: list[str]) -> dict[str, str]:
@@ -176,7 +203,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     for given, resolved in zip(bases, base_paths):
         if not resolved.is_file():
             raise ConfigError(f"{path}: base {given!r} is not a file (looked for {resolved}; paths are relative to the sweep file)")
-    grid = _mapping(raw.get("grid"), path, "grid")
+    # A grid's `budget:` is run.budget, as a point's is: a ladder of budgets, e.g. a compute frontier.
+    grid = {BUDGET if key == "budget" else key: values for key, values in _mapping(raw.get("grid"), path, "grid").items()}
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: grid.{key} must be a non-empty list of values, e.g. [1, 2, 4]")
@@ -198,12 +226,16 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: two grid points get the same folder name; give the bases different file names")
     if "reference" in raw:
-        if raw["reference"] not in names:
-            raise ConfigError(f"{path}: reference={raw['reference']!r} must name a point: one of {', '.join(names)}")
+        facetted = any(p.facet is not None for p in spec.grid_points())
+        allowed = list(dict.fromkeys(b.stem for b in base_paths)) if facetted else names
+        if raw["reference"] not in allowed:
+            kind = "a base (each grid cell is tested against its point of that base)" if facetted else "a point"
+            raise ConfigError(f"{path}: reference={raw['reference']!r} must name {kind}: one of {', '.join(allowed)}")
         spec.reference = raw["reference"]
         for name, entry in evaluate.items():
-            if "points" in entry and spec.reference not in entry["points"]:
-                raise ConfigError(f"{path}: evaluate.{name}.points leaves out the reference point {spec.reference!r}, "
+            left_out = sorted({spec.reference_of(p) for p in spec.grid_points()} - set(entry.get("points", names)))
+            if left_out:
+                raise ConfigError(f"{path}: evaluate.{name}.points leaves out the reference point {left_out[0]!r}, "
                                   "so nothing could be tested against it: add it to that list")
     if "init_from" in raw:
         spec.init_from = _init_from(raw["init_from"], path, names)

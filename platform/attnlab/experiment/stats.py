@@ -1,11 +1,18 @@
 """Statistics of a comparison: mean, spread and interval over seeds, and paired significance tests.
 
-Libraries do the statistics where they have them: scipy's Student t quantiles for the intervals
-and its permutation test for per-example likelihoods and exact match; sacreBLEU's own paired
-bootstrap resampling for BLEU and chrF (the test MT papers report). Neither has a bootstrap
-over seeds and examples, nor Holm's correction (scipy.stats.false_discovery_control is
-Benjamini-Hochberg), so those two are here, short. Two systems are paired on the same test
-examples of the same seeds: seed k of one with seed k of the other, example i with example i.
+Seeds are the unit of replication: two rows are compared by a paired t-test on their per-seed
+corpus metrics (seed k of one with seed k of the other, df = n - 1), with the mean difference's t
+interval and, where it finds nothing, the smallest difference those seeds could have found
+(`detectable_difference`). A bootstrap over 2-5 seeds is not calibrated: it cannot see the spread
+of training runs it did not sample, and marks equal systems far more often than alpha
+(tests/test_calibration.py simulates both). Example-level tests (sacreBLEU's paired bootstrap for
+BLEU and chrF, a sign-flip permutation test otherwise) remain for two single systems or two
+decodings of one checkpoint, where the examples are what varies.
+
+Libraries do the statistics where they have them: scipy's t-test, t and noncentral t
+distributions; sacreBLEU's paired bootstrap. Holm's correction is here (scipy's
+false_discovery_control is Benjamini-Hochberg), and so is the permutation test, written out
+because scipy's draws its patterns by sorting (2 s per column of 3,000 pairs).
 """
 from __future__ import annotations
 
@@ -14,12 +21,10 @@ import statistics
 from dataclasses import dataclass
 
 ALPHA = 0.05
+POWER = 0.8  # the power at which `detectable_difference` is stated
+MIN_SEEDS = 3  # shared seeds a test over training runs needs (df = 2; with 2, t(0.975) is 12.7)
 BOOTSTRAP_SAMPLES = 1000  # sacreBLEU's default for --paired-bs
 PERMUTATIONS = 9999
-# Resamples of the bootstrap over seeds: its smallest p, 2 / 10,000, stays under ALPHA after Holm
-# multiplies it by up to 250 comparisons.
-HIERARCHICAL_SAMPLES = 9999
-_CHUNK = 512  # example resamples drawn at once: 512 x examples counts in memory
 SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED); the permutation test uses it too
 
 
@@ -101,45 +106,75 @@ def sacrebleu_paired_p(metric: str, references: list[str], baseline: list[str],
     return {name: p[name] for name in systems}
 
 
-def hierarchical_bootstrap(a: list, b: list, score, samples: int = HIERARCHICAL_SAMPLES) -> tuple[float, float]:
-    """(observed difference, two-sided p) of a paired bootstrap over seeds, then examples.
+@dataclass(frozen=True)
+class SeedTest:
+    """A paired t-test over training runs: n seeds, the mean of the per-seed differences a - b,
+    its 95 % t interval and two-sided p (df = n - 1), and the spread (sample std) of the differences."""
 
-    `a[s]` and `b[s]` are the per-example sufficient statistics of two systems on seed s (one row
-    per test example, the same examples in the same order for both; columns summed into the
-    corpus metric: nll and tokens, BLEU's n-gram counts, ...); `score` turns summed statistics
-    (rows of an array) into the corpus metric. The statistic is the mean over seeds of
-    score(a) - score(b): the difference of the table's means over seeds. Each resample draws as
-    many seeds as there are, with replacement (seed k of a with seed k of b), then within each
-    drawn seed as many examples as it has, with replacement and the same ones for both systems;
-    so the spread between seeds (training runs) counts, not only that between test examples.
+    n: int
+    difference: float
+    low: float
+    high: float
+    p: float
+    spread: float
 
-    p is twice the smaller share of resampled differences at or beyond 0 (each share with the
-    +1 of a resampling p-value, ties counted on both sides, at most 1): p < alpha exactly when 0
-    lies outside the (1 - alpha) percentile interval of the difference. The shifted-null
-    alternative assumes the spread of the difference does not depend on its size, which a
-    distribution over 2 or 3 seeds does not show. Identical statistics give p = 1."""
+
+def paired_t(a: list[float], b: list[float]) -> SeedTest:
+    """Paired t-test of per-seed values a[k] against b[k] (k: the same seed); needs two or more.
+    Differences that are all equal give p = 1 when they are 0 and p = 0 otherwise (no spread to
+    weigh them against), as the t statistic's limit says."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if len(d) < 2:
+        raise ValueError("a paired t-test needs two or more seeds")
+    mean, spread = float(d.mean()), float(d.std(ddof=1))
+    if spread == 0.0:
+        return SeedTest(len(d), mean, mean, mean, 1.0 if mean == 0.0 else 0.0, 0.0)
+    result = stats.ttest_rel(a, b)
+    interval = result.confidence_interval(1 - ALPHA)
+    return SeedTest(len(d), mean, float(interval.low), float(interval.high), float(result.pvalue), spread)
+
+
+def seed_test(a: list, b: list, score) -> tuple[float, float]:
+    """(mean difference, two-sided p) of two systems over training runs: a paired t-test on their
+    per-seed corpus metrics. `a[s]` and `b[s]` are the per-example sufficient statistics of each
+    system on seed s (rows: test examples; columns summed into the corpus metric: nll and tokens,
+    BLEU's n-gram counts, ...); `score` turns summed statistics (rows of an array) into the metric.
+    The difference is the mean over seeds of score(a[s]) - score(b[s]), the table's difference of
+    means. Public so that its calibration can be checked from outside (tests/test_calibration.py)."""
     import numpy as np
 
-    a = [np.asarray(x, dtype=np.float64) for x in a]
-    b = [np.asarray(y, dtype=np.float64) for y in b]
-    observed = float(np.mean([score(x.sum(0, keepdims=True))[0] - score(y.sum(0, keepdims=True))[0]
-                              for x, y in zip(a, b)]))
-    if all(np.array_equal(x, y) for x, y in zip(a, b)):
-        return observed, 1.0
-    rng = np.random.default_rng(SEED)
-    drawn = rng.integers(len(a), size=(samples, len(a)))  # the seeds of each resample
-    total = np.zeros(samples)
-    for seed, (x, y) in enumerate(zip(a, b)):
-        n = len(x)
-        resamples = np.nonzero(drawn == seed)[0]  # once per time a resample drew this seed
-        for start in range(0, len(resamples), _CHUNK):
-            rows = resamples[start:start + _CHUNK]
-            picks = rng.integers(n, size=(len(rows), n)) + n * np.arange(len(rows))[:, None]
-            counts = np.bincount(picks.ravel(), minlength=len(rows) * n).reshape(len(rows), n).astype(np.float64)
-            np.add.at(total, rows, score(counts @ x) - score(counts @ y))
-    difference = total / len(a)
-    tails = min(int(np.sum(difference <= 0)), int(np.sum(difference >= 0)))
-    return observed, min(1.0, 2 * (tails + 1) / (samples + 1))
+    def corpus(system) -> list[float]:
+        return [float(score(np.asarray(x, dtype=np.float64).sum(0, keepdims=True))[0]) for x in system]
+
+    result = paired_t(corpus(a), corpus(b))
+    return result.difference, result.p
+
+
+def detectable_difference(spread: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true mean difference that a two-sided paired t-test at level `alpha` over `n`
+    seeds finds with probability `power`, when per-seed differences spread as `spread` (their std):
+    the noncentral t's power solved for its effect. 0 when the differences do not spread."""
+    import math
+
+    from scipy import optimize, stats
+
+    if spread == 0.0:
+        return 0.0
+    df = n - 1
+    critical = stats.t.ppf(1 - alpha / 2, df)
+
+    def short_of(shift: float) -> float:  # power at this noncentrality, less the power asked for
+        wrong_side = stats.nct.cdf(-critical, df, shift)  # ~0 for a positive shift; scipy may answer nan there
+        return stats.nct.sf(critical, df, shift) + (wrong_side if math.isfinite(wrong_side) else 0.0) - power
+
+    high = critical + 1.0  # at a shift of the critical value the power is about one half
+    while short_of(high) < 0:
+        high *= 2
+    shift = optimize.brentq(short_of, 0.0, high, xtol=1e-10)
+    return float(shift * spread / math.sqrt(n))
 
 
 def holm(p_values: list[float]) -> list[float]:

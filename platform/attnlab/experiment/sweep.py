@@ -39,6 +39,7 @@ from attnlab.errors import AttnlabError, ConfigError
 from attnlab.experiment.provenance import write_sweep_record
 from attnlab.errors import EXIT_INTERRUPTED, Preempted
 from attnlab.experiment.spec import (
+    BUDGET,
     SweepPoint,
     SweepSpec,
     as_cli_args,
@@ -278,11 +279,13 @@ class SweepRunner:
         swept = {key: point.overrides[key] if key in point.overrides else config_value(resolved, key)
                  for key in self.spec.swept_keys}
         done = {"point": point.name, "index": point.index, "seed": point.seed, "configs": [str(c) for c in point.configs],
-                "swept": swept, "overrides": point.overrides, "seconds": seconds}
+                "swept": swept, "overrides": point.overrides, "seconds": seconds,
+                "checkpoints": {name: evaluation_checkpoint(entry)[0] for name, entry in self.spec.evaluations_for(point).items()}}
         if self.spec.tune is not None:  # the values the tune stage chose for this point
             done["tuned"] = {key: point.overrides[key] for key in self.spec.tune.space if key in point.overrides}
-        if self.spec.reference is not None:  # what the report's tests compare with
-            done["reference"] = self.spec.reference
+        done["reference"] = self.spec.reference_of(point)  # what the report's tests compare this point with
+        if point.facet is not None:
+            done["facet"] = point.facet  # tests never cross facets
         if self.spec.frontier is not None:  # what the report's frontier section reads
             done["frontier"] = {name: {"decoding": decoding, "batch_size": batch}
                                 for name, (decoding, batch) in self.spec.frontier.evaluations.items()
@@ -378,6 +381,45 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
             raise ConfigError(f"run.monitor={monitor!r} is never logged: choose one of {', '.join(sorted(known))}")
 
 
+OPTIMIZER = "model.init_args.optimizer"
+
+
+def evaluation_seeds(spec: SweepSpec, passthrough: list[str]) -> list[int]:
+    """The seeds the compared runs train with: the sweep's seeds, else each base config's
+    seed_everything (or the --seed_everything every run is given)."""
+    if spec.seeds is not None:
+        return list(spec.seeds)
+    flag = flag_value(passthrough, "--seed_everything")
+    if flag is not None:
+        return [int(flag)] if flag.lstrip("-").isdigit() else []
+    seeds = [(yaml.safe_load(config.read_text()) or {}).get("seed_everything") for config in spec.bases]
+    return sorted({s for s in seeds if isinstance(s, int) and not isinstance(s, bool)})
+
+
+def check_warmups(spec: SweepSpec, passthrough: list[str]) -> None:
+    """Every budgeted point's warmup (from the pass-through flags, else its overrides, else its base
+    configs, later ones winning, else the default), refused before the first run when a budget
+    derives the steps and the warmup is a count (attnlab.training.budget.check_budget_warmup)."""
+    from attnlab.families.optim import OptimizerConfig
+    from attnlab.training.budget import check_budget_warmup, parse_budget
+
+    keys = ("warmup_steps", "warmup_ratio")
+    for point in spec.grid_points():
+        if point.overrides.get(BUDGET) is None:
+            continue
+        values = {"warmup_steps": OptimizerConfig.warmup_steps, "warmup_ratio": None}
+        for config in point.configs:
+            optimizer = config_value(yaml.safe_load(config.read_text()), OPTIMIZER) or {}
+            values.update({k: optimizer[k] for k in keys if k in optimizer})
+        values.update({k: point.overrides[f"{OPTIMIZER}.{k}"] for k in keys if f"{OPTIMIZER}.{k}" in point.overrides})
+        for key in keys:
+            flag = flag_value(passthrough, f"--{OPTIMIZER}.{key}")
+            if flag is not None:
+                values[key] = yaml.safe_load(flag)
+        check_budget_warmup(parse_budget(point.overrides[BUDGET]), values["warmup_steps"], values["warmup_ratio"],
+                            where=f"{spec.path}: point {point.name}: ")
+
+
 def visible_gpus() -> list[str]:
     import torch
 
@@ -398,9 +440,11 @@ def sweep_main(argv: list[str]) -> int:
             raise ConfigError(f"--seeds {args.seeds}: must be at least 1 (the number of seeds, 0..N-1)")
         spec.seeds = list(range(args.seeds))
     check_run_options(spec, passthrough)
+    check_warmups(spec, passthrough)
     if spec.tune is not None:
-        from attnlab.experiment.tune import check_space_keys
+        from attnlab.experiment.tune import check_space_keys, check_tune_seed
 
+        check_tune_seed(spec, evaluation_seeds(spec, passthrough))
         check_space_keys(spec, passthrough)
     if args.export_wandb:
         Path(args.export_wandb).write_text(yaml.safe_dump(wandb_sweep_config(spec), sort_keys=False))

@@ -10,16 +10,21 @@ repeating a finished trial, and a trial cut short resumes its own fit from last.
       trials: 8                    # per point, the same for every point
       metric: val/nll              # chosen on validation data (default: the sweep's run.monitor)
       sampler: tpe                 # or grid (every space entry a list; trials default to the grid's size)
-      seed: 0                      # the sampler's seed and every trial's seed_everything
+      seed: 1000                   # the sampler's seed and every trial's seed_everything: never one of
+                                   # the evaluation seeds (a point's best trial would count again as a seed)
       points: [ar_regularised]     # only these points (default: every point; an ablation that asks
-                                   # "does tuning X close the gap?" tunes some points and not others)
+                                   # "does tuning X close the gap?" tunes some points and not others,
+                                   # and its report then claims nothing across tuned and untuned rows)
       space:
-        model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}
+        model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}   # always searched
         model.init_args.backbone.dropout: [0.0, 0.1, 0.3]
-        model.init_args.optimizer.warmup_steps: {low: 0, high: 400}   # integers: an integer range
+        model.init_args.optimizer.warmup_ratio: {low: 0.0, high: 0.3}
 
 Each trial is `attnlab fit` in `<sweep>/tune/<point>/trial<k>/`; its value is the best `metric`
-that trial validated. The best trial's values then join the point's overrides for its seeds.
+that trial validated. The best trial's values then join the point's overrides for its seeds. The
+learning rate is always in the space: it is the setting whose best value differs most between
+families, and a contender run at another's rate is not tuned alike. The report flags a chosen
+value at the edge of its range, where the best may lie beyond it.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ from attnlab.errors import ConfigError
 
 TUNE_KEYS = ("space", "trials", "metric", "sampler", "seed", "points")
 SAMPLERS = ("tpe", "grid")
+LR = "model.init_args.optimizer.lr"
+SEED = 1000  # the default tune seed: outside the 0, 1, 2, ... of evaluation seeds
 FOLDER = "tune"  # under the sweep folder: tune.db, tune.json and one folder of trials per point
 
 
@@ -65,7 +72,7 @@ class TuneSpec:
     trials: int
     metric: str
     sampler: str = "tpe"
-    seed: int = 0
+    seed: int = SEED
     points: tuple[str, ...] | None = None  # the points tuned (None: every point)
 
     def tunes(self, point_name: str) -> bool:
@@ -132,6 +139,9 @@ def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str, point_names
         raise ConfigError(f"{where}.space must map config keys to choices or ranges, e.g. "
                           "model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}")
     space = {str(k): _param(str(k), v, f"{where}.space.{k}") for k, v in space_raw.items()}
+    if LR not in space:
+        raise ConfigError(f"{where}.space must search the learning rate, {LR} (e.g. {{low: 1.0e-4, high: 1.0e-2, "
+                          "log: true}): its best value differs between contenders, so one left fixed is not tuned alike")
     clash = [k for k in space if k in swept_keys]
     if clash:
         raise ConfigError(f"{where}.space.{clash[0]} is also set by grid, points or fixed: tune it or set it, not both")
@@ -148,7 +158,7 @@ def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str, point_names
         raise ConfigError(f"{where}.trials={trials!r} must be an integer >= 1 (trials per point)")
     if grid_size is not None and trials > grid_size:
         raise ConfigError(f"{where}.trials={trials} is more than the grid's {grid_size} combinations")
-    seed = raw.get("seed", 0)
+    seed = raw.get("seed", SEED)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"{where}.seed={seed!r} must be an integer >= 0")
     metric = raw.get("metric", monitor)
@@ -167,6 +177,15 @@ def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str, point_names
             raise ConfigError(f"{where}.points: {unknown[0]!r} is not a point; the points are {', '.join(point_names)}")
         points = tuple(points)
     return TuneSpec(space, trials, metric, sampler, seed, points)
+
+
+def check_tune_seed(spec, evaluation_seeds: list[int]) -> None:
+    """The tune seed is none of the evaluation seeds: a point's trial with seed k is a fit of that point
+    with seed k, so its best-of-N trial would be one of the runs the report compares."""
+    if spec.tune.seed in evaluation_seeds:
+        raise ConfigError(f"{spec.path}: tune.seed={spec.tune.seed} is also an evaluation seed "
+                          f"({', '.join(map(str, evaluation_seeds))}): a point's best trial would count again as that "
+                          f"seed's run; give tune.seed a value outside them, e.g. {SEED}")
 
 
 def check_space_keys(spec, passthrough: list[str]) -> None:
@@ -278,9 +297,23 @@ def _short(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def tuning_section(sweep_dir: Path) -> list[str]:
-    """The report's words on the tune stage (from tune/tune.json): per point, every trial's values
-    and score, the values chosen, and what the tuning spent; [] for a sweep without one."""
+def on_edge(param: dict, value) -> bool:
+    """A chosen value at an end of its searched range (a list's smallest or largest number, or within a
+    twentieth of a range's width from an end, on the log scale for a log range), where the best may
+    lie beyond what was searched."""
+    if param.get("choices") is not None:
+        numbers = [c for c in param["choices"] if _number(c)]
+        return _number(value) and len(numbers) > 1 and value in (min(numbers), max(numbers))
+    low, high, log = param["low"], param["high"], param.get("log", False)
+    scale = math.log if log else (lambda x: x)
+    span = scale(high) - scale(low)
+    return min(scale(value) - scale(low), scale(high) - scale(value)) <= span / 20
+
+
+def tuning_section(sweep_dir: Path, rows: list[str] | None = None) -> list[str]:
+    """The report's words on the tune stage (from tune/tune.json): per point, every trial's values and
+    score, the values chosen (flagged where on the edge of the range searched), what the tuning spent,
+    and which of the report's `rows` were not tuned; [] for a sweep without one."""
     record_file = Path(sweep_dir) / FOLDER / "tune.json"
     if not record_file.is_file():
         return []
@@ -290,13 +323,18 @@ def tuning_section(sweep_dir: Path) -> list[str]:
     first = next(iter(record.values()))
     keys = list(first["space"])
     counts = {len(point["trials"]) for point in record.values()}
+    untuned = [name for name in rows or [] if name not in record]
+    who = (f"Every point was tuned alike before its seeds ran" if not untuned else
+           f"Tuned before their seeds ran: {', '.join(record)}; not tuned: {', '.join(untuned)} (the table labels each "
+           "row, and tuned rows are not tested against untuned ones: their difference would include the tuning)")
     lines = ["## Tuning", "",
-             f"Tuned alike before their seeds ran ({', '.join(record)}): {'/'.join(map(str, sorted(counts)))} trial(s) of "
-             f"`attnlab fit` each ({first['sampler']} sampler), chosen by the "
-             f"{'highest' if first['direction'] == 'maximize' else 'lowest'} {first['metric']} a trial validated "
-             "(validation data only). The seeds of a tuned point then ran with its chosen values.", ""]
+             f"{who}: {'/'.join(map(str, sorted(counts)))} trial(s) of `attnlab fit` each ({first['sampler']} sampler) "
+             f"over the same space, chosen by the {'highest' if first['direction'] == 'maximize' else 'lowest'} "
+             f"{first['metric']} a trial validated (validation data only), with a tune seed none of the evaluation "
+             "seeds share. The seeds of a tuned point then ran with its chosen values.", ""]
     header = ["point", "trial", *(k.rsplit(".", 1)[-1] for k in keys), first["metric"], "state", "fit seconds"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    edges = []
     for name, point in record.items():
         chosen = point.get("chosen")
         for trial in point["trials"]:
@@ -306,7 +344,12 @@ def tuning_section(sweep_dir: Path) -> list[str]:
                      f"**{value}**" if won else value, trial["state"].lower(),
                      "" if trial["seconds"] is None else f"{trial['seconds']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
+        edges += [f"{name}: {k.rsplit('.', 1)[-1]} = {_short(v)}" for k, v in (chosen or {}).items()
+                  if k in point["space"] and on_edge(point["space"][k], v)]
     spent = sum(t["seconds"] or 0 for point in record.values() for t in point["trials"])
     lines += ["", f"Bold: the trial each point kept. The tuning spent {spent / 60:.1f} minutes of fits "
                   f"({sum(len(p['trials']) for p in record.values())} trials)."]
+    if edges:
+        lines += ["", "On the edge of the range searched (the best may lie beyond it, so the optimum is not "
+                      f"bracketed): {'; '.join(edges)}."]
     return lines
