@@ -135,7 +135,8 @@ def _write_bd(root, seed, fast1, fast4, same1):
 def test_the_report_tabulates_speed_ratios_tests_quality_against_the_reference_and_plots(tmp_path):
     from attnlab.experiment.report import report_main
 
-    for seed, (ar1, ar4, fast1, fast4, same1) in enumerate([(100, 1000, 300, 800, 105), (110, 1100, 310, 820, 108)]):
+    for seed, (ar1, ar4, fast1, fast4, same1) in enumerate([(100, 1000, 300, 800, 105), (110, 1100, 310, 820, 108),
+                                                            (105, 1050, 305, 810, 106.5)]):
         _write_run(tmp_path, "ar", seed, {"greedy@b1": ("greedy", 1, ar1, 1.0, 0.0, RIGHT),  # b1's score is not shown
                                           "greedy@b4": ("greedy", 4, ar4, 1.0, 100.0, RIGHT)})
         _write_bd(tmp_path, seed, fast1, fast4, same1)
@@ -143,13 +144,14 @@ def test_the_report_tabulates_speed_ratios_tests_quality_against_the_reference_a
     report = (tmp_path / "report" / "report.md").read_text()
     rows = {r["row"]: r for r in json.loads((tmp_path / "report" / "frontier.json").read_text())}
     assert rows["ar greedy"]["reference"] and rows["ar greedy"]["test/exact_match"]["mean"] == 100.0  # from b4
-    assert rows["bd fast"]["test/exact_match"]["p_vs_reference"] < 0.05  # b4's examples, not b1's
-    assert rows["bd same"]["test/exact_match"]["p_vs_reference"] == 1.0  # the same outputs
+    fast, same = rows["bd fast"]["test/exact_match"]["comparison"], rows["bd same"]["test/exact_match"]["comparison"]
+    assert fast["test"] == "seeds" and fast["p"] < 0.05 and fast["difference"] == -50.0  # b4's scores, not b1's
+    assert same["p"] == 1.0 and same["difference"] == 0.0  # the same outputs
     assert rows["bd fast"]["gen_tokens_per_s"]["1"]["mean"] == 305.0
-    assert {b: (v["mean"], v["n"]) for b, v in rows["bd same"]["nfe_per_token"].items()} == {"1": (0.25, 2), "4": (0.75, 2)}
+    assert {b: (v["mean"], v["n"]) for b, v in rows["bd same"]["nfe_per_token"].items()} == {"1": (0.25, 3), "4": (0.75, 3)}
     table = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith(("| ar ", "| bd "))}
     # calls/token, tok/s and the ratio to the reference, per batch size
-    assert f"| 0.25 | 305 ± 7 | {305 / 105:.2f}× | 0.50 | 810 ± 14 | {810 / 1050:.2f}× |" in table["bd fast"]
+    assert f"| 0.25 | 305 ± 5 | {305 / 105:.2f}× | 0.50 | 810 ± 10 | {810 / 1050:.2f}× |" in table["bd fast"]
     assert "50.00 ± 0.00 *" in table["bd fast"] and "100.00 ± 0.00 |" in table["bd same"]
     assert "- batch 1: faster than the reference: bd fast (2.90×); faster in the mean, intervals not apart: bd same (1.01×)." in report
     assert "- batch 4: faster than the reference: none." in report

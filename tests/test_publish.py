@@ -18,11 +18,11 @@ META = {"command": "attnlab sweep experiments/demo.yaml", "date": "2026-12-05 04
 
 
 def _sweep(root: Path, share: float = 0.2) -> Path:
-    """A finished two-point, two-seed sweep with its sweep.json, as `attnlab sweep` leaves it."""
+    """A finished two-point, three-seed sweep with its sweep.json, as `attnlab sweep` leaves it."""
     sweep = root / "runs" / "demo"
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         _write_run(sweep, "clean", seed, 0, list(REFERENCES), [1.0] * len(REFERENCES))
-        _write_run(sweep, "noisy", seed, 1, _corrupt(REFERENCES, share, seed), [1.5] * len(REFERENCES))
+        _write_run(sweep, "noisy", seed, 1, _corrupt(REFERENCES, share, seed), [1.5 + 0.1 * seed] * len(REFERENCES))
     for fit in sweep.glob("*/seed*/fit"):
         (fit / "summary.json").write_text(json.dumps({"family": "DecoderOnly", "params": 850_000, "fit_seconds": 36.0,
                                                       "epochs": 1, "steps": 625}))
@@ -52,8 +52,8 @@ def test_publishing_the_fixture_sweep_regenerates_the_committed_page(tmp_path, m
     assert page.read_text(encoding="utf-8") == (FIXTURE / "demo.md").read_text(encoding="utf-8")
     text = page.read_text(encoding="utf-8")
     for fact in (META["command"], META["date"], META["machine"], META["commit"], META["question"],
-                 "every run trained 625 optimizer steps (1 epoch); seeds 0, 1 for every row",
-                 "Wall time: 2:24 of training in all"):  # 4 fits of 36 s
+                 "every run trained 625 optimizer steps (1 epoch); seeds 0, 1, 2 for every row",
+                 "Wall time: 3:36 of training in all"):  # 6 fits of 36 s
         assert fact in text
     plots = json.loads(page.with_suffix(".json").read_text())["plots"]
     assert plots and all((page.parent / "demo" / name).read_bytes()[:4] == b"\x89PNG" for name in plots)
@@ -109,6 +109,143 @@ def test_the_readme_copies_of_tables_equal_their_pages():
     assert blocks, "the README shows the main job's table"
     for page, table in blocks:
         assert table == json.loads((root / page).with_suffix(".json").read_text())["markdown"]["table"], page
+
+
+def _marked_cells(table: str) -> dict[tuple[str, str], bool]:
+    """(row, column header) -> whether the table's cell carries `*`."""
+    lines = table.splitlines()
+    headers = [h.strip() for h in lines[0].strip("|").split("|")]
+    out = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = cells[0].removesuffix(" (tuned)").removesuffix(" (untuned)")
+        out.update({(row, header): cell.endswith(" *") for header, cell in zip(headers, cells)})
+    return out
+
+
+def _holm(raw: dict) -> dict:
+    """Holm's step-down adjustment, written out again: the reference the pages are checked against."""
+    adjusted, running = {}, 0.0
+    for rank, key in enumerate(sorted(raw, key=raw.get)):
+        running = max(running, min(1.0, (len(raw) - rank) * raw[key]))
+        adjusted[key] = running
+    return adjusted
+
+
+def _t_p(a: list[float], b: list[float]) -> float:
+    from scipy import stats
+
+    d = [x - y for x, y in zip(a, b)]
+    if len(set(d)) == 1:  # no spread: the t statistic's limit
+        return 1.0 if d[0] == 0 else 0.0
+    return float(stats.ttest_rel(a, b).pvalue)
+
+
+def test_every_mark_on_a_committed_results_page_holds_over_seeds():
+    """Recomputed from each committed page's JSON, independently of attnlab's tests: Student's paired t
+    (scipy) on the per-seed values of the seeds a row shares with its reference (3 or more), Holm over
+    one hypothesis per row and metric family (nll with bpb, whose p is the larger). A cell carries `*`
+    exactly where that p is below 0.05; the compute frontier's differences likewise."""
+    results = Path(__file__).parents[1] / "docs" / "results"
+    family = {"nll": "likelihood", "bpb": "likelihood"}
+    pages = sorted(results.glob("*.json"))
+    assert pages
+    for path in pages:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        assert report["format"] >= 4, f"{path}: re-mark it (attnlab report --remark {path.with_suffix('.md')})"
+        rows = {row["run"]: row for row in report["rows"]}
+        raw: dict[tuple[str, str], float] = {}
+        for column in (c for c in report["columns"] if c.get("metric")):
+            for row in rows.values():
+                reference = rows.get(row["reference"])
+                if reference is None or reference is row or not isinstance(row.get(column["header"]), dict):
+                    continue
+                mine = dict(zip(row["seeds"], row[column["header"]]["values"]))
+                theirs = dict(zip(reference["seeds"], reference[column["header"]]["values"]))
+                shared = [s for s in row["seeds"] if mine.get(s) is not None and theirs.get(s) is not None]
+                if len(shared) >= 3 and row.get("tuned") == reference.get("tuned"):
+                    key = (row["run"], family.get(column["metric"], column["metric"]))
+                    raw[key] = max(raw.get(key, 0.0), _t_p([mine[s] for s in shared], [theirs[s] for s in shared]))
+        adjusted = _holm(raw)
+        marked = _marked_cells(report["markdown"]["table"])
+        for column in (c for c in report["columns"] if c.get("metric")):
+            for name in rows:
+                p = adjusted.get((name, family.get(column["metric"], column["metric"])))
+                assert marked[name, column["header"]] == (p is not None and p < 0.05), (path.name, name, column["header"], p)
+        frontier = report.get("compute_frontier")
+        if frontier:
+            _check_frontier_marks(path, frontier, report["markdown"]["compute_frontier"])
+
+
+def _check_frontier_marks(path: Path, frontier: dict, lines: list[str]) -> None:
+    contenders = {c["name"]: c for c in frontier["contenders"]}
+    raw = {}
+    for c in (c for c in contenders.values() if not c["ar"]):
+        for ref in (r for r in contenders.values() if r["ar"]):
+            theirs = {rung["budget"]: rung for rung in ref["rungs"]}
+            for rung in (r for r in c["rungs"] if r["budget"] in theirs):
+                other = theirs[rung["budget"]]
+                mine, their = dict(zip(rung["seeds"], rung["best"])), dict(zip(other["seeds"], other["best"]))
+                shared = [s for s in rung["seeds"] if mine.get(s) is not None and their.get(s) is not None]
+                if len(shared) >= 3:
+                    raw[c["name"], ref["name"], rung["budget"]] = _t_p([mine[s] for s in shared], [their[s] for s in shared])
+    adjusted = _holm(raw)
+    table = [line for line in lines if line.startswith("| ") and line.count("|") == 7 and "contender" not in line]
+    assert len(table) == len([1 for c in contenders.values() if not c["ar"] for r in contenders.values() if r["ar"]
+                              for rung in c["rungs"]]), path
+    for line in table:
+        name, against, budget, _, difference, _ = (cell.strip() for cell in line.strip("|").split("|"))
+        key = next(k for k in adjusted if k[:2] == (name, against) and f"{k[2]:.3g}" == budget) \
+            if any(k[:2] == (name, against) and f"{k[2]:.3g}" == budget for k in adjusted) else None
+        p = adjusted.get(key) if key else None
+        assert difference.endswith(" *") == (p is not None and p < 0.05), (path.name, line, p)
+
+
+def test_remark_recomputes_a_pages_marks_and_words_from_its_json_alone(tmp_path, monkeypatch):
+    """A page whose marks were made by an older test (here: a `*` on a BLEU cell, as a bootstrap over
+    three seeds gave it) gets today's marks from its per-seed values, with no run at hand; so does
+    a page in the format before report.json listed its columns, whose columns are then named for
+    the checkpoint they show; each gains one history line saying so."""
+    from attnlab.experiment.publish import remark
+
+    monkeypatch.chdir(tmp_path)
+    page = tmp_path / "demo.md"
+    _publish(_sweep(tmp_path), page)
+    shutil.rmtree(tmp_path / "runs")  # nothing but the page and its JSON from here on
+    fresh = json.loads(page.with_suffix(".json").read_text())
+    stale = json.loads(json.dumps(fresh))
+    for row in stale["rows"]:
+        if row["run"] == "noisy":
+            row["test bleu (best)"].update(p=0.001, p_raw=0.0002, test="seeds")
+    stale["markdown"]["table"] = stale["markdown"]["table"].replace("90.90 ± 3.84 |", "90.90 ± 3.84 * |")
+    page.with_suffix(".json").write_text(json.dumps(stale))
+    remark(page)
+    again = json.loads(page.with_suffix(".json").read_text())
+    assert again["markdown"]["table"] == fresh["markdown"]["table"] and again["rows"] == fresh["rows"]
+    assert again["history"][-1]["matched"].startswith("marks and words recomputed from the per-seed values")
+    assert len(again["history"]) == 2 and "(attnlab report --remark; no run repeated)" in page.read_text()
+    # the format before: headers without the checkpoint, the reference flagged in its cells, old test fields
+    legacy = json.loads(json.dumps(fresh))
+    legacy["format"] = 3
+    legacy.pop("columns")
+    for row in legacy["rows"]:
+        for header in [h for h in row if h.endswith(" (best)")]:
+            cell = row.pop(header)
+            for key in ("test", "shared", "difference", "low", "high", "p_raw", "p", "spread", "detectable", "why"):
+                cell.pop(key, None)
+            cell.update(reference=row["run"] == "clean", p=None if row["run"] == "clean" else 0.002, pooled_p=0.002)
+            row[header.removesuffix(" (best)")] = cell
+        for key in ("reference", "facet", "tuned"):
+            row.pop(key)
+    page.with_suffix(".json").write_text(json.dumps(legacy))
+    remark(page)
+    upgraded = json.loads(page.with_suffix(".json").read_text())
+    assert upgraded["format"] == 4
+    headers = [c["header"] for c in upgraded["columns"]]
+    assert "val nll (last)" in headers and "test bleu (best)" in headers and "test nll" not in headers
+    marks = _marked_cells(upgraded["markdown"]["table"])
+    assert marks == {(row, header.replace("val nll (best)", "val nll (last)")): mark
+                     for (row, header), mark in _marked_cells(fresh["markdown"]["table"]).items()}
 
 
 def regenerate_fixture() -> None:  # pragma: no cover - run by hand after a deliberate change of the page

@@ -73,9 +73,20 @@ def _cli_p_values(tmp_path: Path, references, baseline, system) -> dict[str, flo
     return {"bleu": bleu, "chrf": chrf}
 
 
+def _t_p(a: list[float], b: list[float]) -> float:
+    """Student's paired t by hand: the reference the seed-level p is checked against."""
+    from scipy import stats
+
+    d = [x - y for x, y in zip(a, b)]
+    n, mean = len(d), sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    return 2 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1)
+
+
 def test_bleu_and_chrf_p_values_of_one_seed_equal_the_sacrebleu_command(tmp_path):
-    """Two rows of one seed: the mark's test is sacreBLEU's paired bootstrap on that seed's outputs,
-    its p (before Holm's correction over the report's 5 comparisons) as the sacrebleu command prints it."""
+    """Two rows of one seed are two single systems: the mark is `†`, the example-level test sacreBLEU's
+    paired bootstrap on that seed's outputs, its p (before Holm's correction) as the sacrebleu command
+    prints it; never `*`."""
     root = tmp_path / "runs" / "one"
     good, worse = _corrupt(REFERENCES, 0.3, seed=10), _corrupt(REFERENCES, 0.45, seed=20)
     _write_run(root, "good", 0, 0, good, [5.0] * len(REFERENCES))
@@ -83,87 +94,99 @@ def test_bleu_and_chrf_p_values_of_one_seed_equal_the_sacrebleu_command(tmp_path
     rows = {row["run"]: row for row in _report(root)}
     expected = _cli_p_values(tmp_path, REFERENCES, good, worse)
     for metric in ("bleu", "chrf"):
-        entry = rows["worse"][f"test {metric}"]
-        assert rows["good"][f"test {metric}"]["reference"] and entry["test"] == "sacrebleu"
-        assert entry["p_raw"] == pytest.approx(expected[metric], abs=5e-5) and entry["pooled_p_raw"] == entry["p_raw"]
+        entry = rows["worse"][f"test {metric} (best)"]
+        assert rows["worse"]["reference"] == rows["good"]["reference"] == "good"
+        assert entry["test"] == "examples" and entry["shared"] == 1
+        assert entry["p_raw"] == pytest.approx(expected[metric], abs=5e-5)
     assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
     text = (root / "report" / "report.md").read_text()
-    assert "The rows share one seed with the reference, so the test uses that seed's test examples alone" in text
-    assert "Holm-adjusted over the report's 5 comparisons" in text
+    assert "`†`: one shared seed, so two single systems" in text and "`*`: significant" not in text
+    assert " * |" not in text.split("95 % intervals")[0]
 
 
-def test_pooled_bleu_and_chrf_p_values_equal_the_sacrebleu_command(tmp_path):
-    """Two rows of two seeds: the marks come from the bootstrap over seeds; the pooled example-level
-    test beside it (seed k with seed k) is sacreBLEU's paired bootstrap on the concatenated outputs,
-    as the sacrebleu command prints it."""
+def test_two_shared_seeds_are_not_tested_and_the_words_say_why(tmp_path):
+    """With two seeds a t-test has one degree of freedom: no mark at all, however the examples differ."""
     root = tmp_path / "runs" / "cmp"
-    good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1)}
-    worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1)}
     for seed in (0, 1):
-        _write_run(root, "good", seed, 0, good[seed], [5.0] * len(REFERENCES))
-        _write_run(root, "worse", seed, 1, worse[seed], [5.0] * len(REFERENCES))
+        _write_run(root, "good", seed, 0, _corrupt(REFERENCES, 0.1, seed=10 + seed), [4.0] * len(REFERENCES))
+        _write_run(root, "worse", seed, 1, _corrupt(REFERENCES, 0.9, seed=20 + seed), [6.0] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
-    expected = _cli_p_values(tmp_path, REFERENCES * 2, good[0] + good[1], worse[0] + worse[1])
-    assert rows["good"]["test bleu"]["reference"] and rows["good"]["test chrf"]["reference"]
-    assert rows["worse"]["test bleu"]["test"] == "seeds"
-    assert rows["worse"]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5)
-    assert rows["worse"]["test chrf"]["pooled_p_raw"] == pytest.approx(expected["chrf"], abs=5e-5)
-    assert 0.001 < expected["bleu"] < 0.9  # a p-value that could have come out otherwise
+    for column in ("test bleu (best)", "test chrf (best)", "test nll (best)", "test exact_match (best)"):
+        entry = rows["worse"][column]
+        assert entry["test"] == "none" and entry["shared"] == 2 and "p" not in entry, column
+    text = (root / "report" / "report.md").read_text()
+    table = text.split("95 % intervals")[0]
+    assert " * |" not in table and " † |" not in table
+    assert "reference good (0.4000): not tested: worse +0.2000 (2 shared seeds; a test over training runs needs 3)." in text
+    assert "get no `*`: with two, t(0.975, 1) = 12.7" in text
 
 
 def test_without_a_declared_reference_the_first_row_is_it_even_when_worse(tmp_path):
     """The reference is chosen before any number is seen: the sweep's first point, not the best row."""
     root = tmp_path / "runs" / "order"
-    for seed in (0, 1):
-        _write_run(root, "worse", seed, 0, _corrupt(REFERENCES, 0.6, seed=20 + seed), [6.0] * len(REFERENCES))
+    for seed in (0, 1, 2):
+        _write_run(root, "worse", seed, 0, _corrupt(REFERENCES, 0.9, seed=20 + seed), [6.0 + 0.1 * seed] * len(REFERENCES))
         _write_run(root, "good", seed, 1, _corrupt(REFERENCES, 0.1, seed=10 + seed), [4.0] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
-    for column in ("test bleu", "test chrf", "test nll", "test exact_match"):
-        assert rows["worse"][column]["reference"] and rows["worse"][column]["p"] is None, column
+    for column in ("test bleu (best)", "test chrf (best)", "test nll (best)", "test exact_match (best)"):
+        assert rows["worse"]["reference"] == rows["good"]["reference"] == "worse" and "p" not in rows["worse"][column]
         assert rows["good"][column]["p"] < 0.05 and rows["good"][column]["test"] == "seeds", column
-    assert rows["good"]["test bleu"]["mean"] > rows["worse"]["test bleu"]["mean"]
+    assert rows["good"]["test bleu (best)"]["mean"] > rows["worse"]["test bleu (best)"]["mean"]
     text = (root / "report" / "report.md").read_text()
-    assert "Bold: the reference row, worse, which every other row is tested against (the first row" in text
+    assert "**test bleu (best)**, reference worse" in text and "| **" in text.split("| good |")[0]
 
 
 def test_a_sweeps_reference_row_is_what_every_row_is_tested_against(tmp_path):
-    """An ablation asks "does this change hurt the base?": with `reference: worse` (not the first
-    point) the better row is tested against the worse one (its pooled test as the sacrebleu command
-    with that baseline says), and the reference is the marked row of every column."""
+    """An ablation asks "does this change hurt the base?": with `reference: worse` (not the first point)
+    the better row is tested against the worse one, by Student's paired t on the per-seed corpus
+    metrics (checked by hand), Holm-adjusted over the report's hypotheses (nll and bpb are one)."""
     root = tmp_path / "runs" / "ablation"
-    good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1)}
-    worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1)}
-    for seed in (0, 1):
-        _write_run(root, "good", seed, 0, good[seed], [4.0] * len(REFERENCES), reference="worse")
-        _write_run(root, "worse", seed, 1, worse[seed], [5.0] * len(REFERENCES), reference="worse")
+    good = {s: _corrupt(REFERENCES, 0.3, seed=10 + s) for s in (0, 1, 2)}
+    worse = {s: _corrupt(REFERENCES, 0.45, seed=20 + s) for s in (0, 1, 2)}
+    for seed in (0, 1, 2):
+        _write_run(root, "good", seed, 0, good[seed], [4.0 + 0.3 * seed ** 2] * len(REFERENCES), reference="worse")
+        _write_run(root, "worse", seed, 1, worse[seed], [5.0 + 0.2 * seed] * len(REFERENCES), reference="worse")
     rows = {row["run"]: row for row in _report(root)}
-    expected = _cli_p_values(tmp_path, REFERENCES * 2, worse[0] + worse[1], good[0] + good[1])
-    for column in ("test bleu", "test chrf", "test nll"):
-        assert rows["worse"][column]["reference"] and not rows["good"][column]["reference"], column
-    assert rows["good"]["test bleu"]["mean"] > rows["worse"]["test bleu"]["mean"]
-    assert rows["good"]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5)
-    assert rows["good"]["test chrf"]["pooled_p_raw"] == pytest.approx(expected["chrf"], abs=5e-5)
+    assert rows["good"]["reference"] == "worse"
+    hypotheses = {"nll": ("test nll (best)", "test bpb (best)"), "bleu": ("test bleu (best)",), "chrf": ("test chrf (best)",),
+                  "exact_match": ("test exact_match (best)",)}
+    raw = {}
+    for family, columns in hypotheses.items():
+        for column in columns:
+            mine, theirs = rows["good"][column]["values"], rows["worse"][column]["values"]
+            assert rows["good"][column]["p_raw"] == pytest.approx(_t_p(mine, theirs), rel=1e-9), column
+            assert rows["good"][column]["difference"] == pytest.approx(sum(mine) / 3 - sum(theirs) / 3)
+        raw[family] = max(rows["good"][c]["p_raw"] for c in columns)
+    order = sorted(raw, key=raw.get)  # Holm by hand over the 4 hypotheses
+    adjusted, running = {}, 0.0
+    for rank, family in enumerate(order):
+        running = max(running, min(1.0, (4 - rank) * raw[family]))
+        adjusted[family] = running
+    for family, columns in hypotheses.items():
+        for column in columns:
+            assert rows["good"][column]["p"] == pytest.approx(adjusted[family]), column
     text = (root / "report" / "report.md").read_text()
-    assert "Bold: the reference row, worse" in text and "**test bleu**: reference worse" in text
+    assert "**test bleu (best)**, reference worse" in text and "over the report's 4 hypotheses" in text
 
 
 def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_reference(tmp_path):
-    """Reference row seeds 0-2, one row 0-1, one row 1-2: each is tested against the reference's
-    outputs of its own seeds (for the pooled test a baseline per seed set, as the sacrebleu command
-    on those seeds says); a seedless run next to seeded ones stays a row of its own."""
+    """Reference row seeds 0-3, one row 0-2, one row 1-3: each is tested against the reference's values
+    of the seeds it shares (Student's t by hand), while the table shows each row's own seeds; a
+    seedless run next to seeded ones stays a row of its own."""
     root = tmp_path / "runs" / "mixed"
-    outputs = {(name, seed): _corrupt(REFERENCES, share, seed=10 * i + seed)
-               for i, (name, share) in enumerate((("best", 0.3), ("early", 0.45), ("late", 0.4)))
-               for seed in (0, 1, 2)}
-    for (name, seed), hypotheses in outputs.items():
-        if (name, seed) not in (("early", 2), ("late", 0)):
-            _write_run(root, name, seed, ("best", "early", "late").index(name), hypotheses, [5.0] * len(REFERENCES))
+    seeds = {"best": (0, 1, 2, 3), "early": (0, 1, 2), "late": (1, 2, 3)}
+    for i, (name, share) in enumerate((("best", 0.3), ("early", 0.45), ("late", 0.4))):
+        for seed in seeds[name]:
+            _write_run(root, name, seed, i, _corrupt(REFERENCES, share, seed=10 * i + seed),
+                       [5.0 + i + 0.1 * seed * i] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
-    for name, seeds in (("early", (0, 1)), ("late", (1, 2))):
-        expected = _cli_p_values(tmp_path, REFERENCES * 2, sum((outputs["best", s] for s in seeds), []),
-                                 sum((outputs[name, s] for s in seeds), []))
-        assert rows[name]["test bleu"]["pooled_p_raw"] == pytest.approx(expected["bleu"], abs=5e-5), name
-        assert rows[name]["test bleu"]["test"] == "seeds", name
+    for name in ("early", "late"):
+        for column in ("test bleu (best)", "test nll (best)"):
+            ref = dict(zip(rows["best"]["seeds"], rows["best"][column]["values"]))
+            mine = rows[name][column]["values"]
+            assert rows[name][column]["shared"] == 3 and rows[name][column]["test"] == "seeds"
+            assert rows[name][column]["p_raw"] == pytest.approx(_t_p(mine, [ref[s] for s in seeds[name]]), rel=1e-9)
+        assert rows[name]["test bleu (best)"]["n"] == 3 and rows["best"]["test bleu (best)"]["n"] == 4
     from attnlab.experiment.report import group_points
     from attnlab.experiment.runs import RunRecord
 
@@ -173,17 +196,17 @@ def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_refer
 
 def test_two_identical_systems_are_not_significantly_different(tmp_path):
     root = tmp_path / "runs" / "same"
-    hypotheses = _corrupt(REFERENCES, 0.4, seed=1)
     nll = [random.Random(i).uniform(1, 9) for i in range(len(REFERENCES))]
     for seed in (0, 1, 2):
+        hypotheses = _corrupt(REFERENCES, 0.4, seed=seed)
         _write_run(root, "a", seed, 0, hypotheses, nll)
         _write_run(root, "b", seed, 1, hypotheses, nll)
     rows = {row["run"]: row for row in _report(root)}
-    for column in ("test bleu", "test chrf", "test exact_match", "test nll", "test bpb"):
-        assert rows["b"][column]["p"] == 1.0, column
+    for column in ("test bleu (best)", "test chrf (best)", "test exact_match (best)", "test nll (best)", "test bpb (best)"):
+        assert rows["b"][column]["p"] == 1.0 and rows["b"][column]["difference"] == 0.0, column
     text = (root / "report" / "report.md").read_text()
     assert not re.search(r" \* \|", text.split("95 % intervals")[0])  # no cell marked significant
-    assert "no row significantly different" in text
+    assert "): not significantly different: b +0.00 [+0.00, +0.00] (p = 1; 3 seeds detect ≥ 0.00)." in text
 
 
 def test_a_system_with_the_baselines_outputs_gets_p_one_beside_others():
@@ -203,11 +226,11 @@ def test_two_clearly_different_systems_are(tmp_path):
     root = tmp_path / "runs" / "apart"
     for seed in (0, 1, 2):
         _write_run(root, "strong", seed, 0, _corrupt(REFERENCES, 0.1, seed=seed), [2.0 + 0.1 * seed] * len(REFERENCES))
-        _write_run(root, "weak", seed, 1, _corrupt(REFERENCES, 0.8, seed=seed), [6.0 + 0.1 * seed] * len(REFERENCES))
+        _write_run(root, "weak", seed, 1, _corrupt(REFERENCES, 0.8, seed=seed), [6.0 + 0.12 * seed] * len(REFERENCES))
     rows = {row["run"]: row for row in _report(root)}
-    for column in ("test bleu", "test chrf", "test exact_match", "test nll", "test bpb"):
-        assert rows["strong"][column]["reference"], column
-        assert rows["weak"][column]["p"] < 0.01, column  # Holm-adjusted over the 5 comparisons
+    for column in ("test bleu (best)", "test chrf (best)", "test exact_match (best)", "test nll (best)", "test bpb (best)"):
+        assert rows["strong"]["reference"] == "strong" and "p" not in rows["strong"][column], column
+        assert rows["weak"][column]["p"] < 0.05 and rows["weak"][column]["test"] == "seeds", column
     text = (root / "report" / "report.md").read_text()
     table = [line for line in text.splitlines() if line.startswith("| weak |")][0]
     assert len(re.findall(r" \* \|", table)) == 5  # every tested test column of the weak row is marked

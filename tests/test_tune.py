@@ -27,7 +27,8 @@ LR = "model.init_args.optimizer.lr"
     ({"trials": 2, "space": {LR: [1e-3]}, "sampler": "random"}, "tune.sampler='random'"),
     ({"trials": 2, "space": {LR: [1e-3]}, "metric": "test/bleu"}, "tune.metric"),
     ({"trials": 2, "space": {LR: [1e-3]}, "budget": 3}, "unknown key(s) budget"),
-    ({"trials": 2, "space": {"trainer.max_steps": [1, 2]}}, "also set by grid, points or fixed"),
+    ({"trials": 2, "space": {LR: [1e-3], "trainer.max_steps": [1, 2]}}, "also set by grid, points or fixed"),
+    ({"trials": 2, "space": {"model.init_args.backbone.dropout": [0.0, 0.1]}}, "tune.space must search the learning rate"),
     ({"trials": 2, "space": {LR: [1e-3]}, "points": ["c"]}, "tune.points: 'c' is not a point; the points are a, b"),
     ({"trials": 2, "space": {LR: [1e-3]}, "points": []}, "non-empty list of point names"),
 ])
@@ -51,8 +52,39 @@ def test_ranges_become_optuna_distributions_and_grids_default_to_their_size(tmp_
     kinds = {k: type(p.distribution()) for k, p in spec.space.items()}
     assert kinds == {LR: FloatDistribution, "w": IntDistribution, "d": CategoricalDistribution}
     assert spec.space[LR].distribution().log and spec.direction == "maximize"
-    grid = parse_tune({"space": {"a": [1, 2], "b": [3, 4, 5]}, "sampler": "grid"}, tmp_path / "s.yaml", [], "val/nll")
+    grid = parse_tune({"space": {LR: [1, 2], "b": [3, 4, 5]}, "sampler": "grid"}, tmp_path / "s.yaml", [], "val/nll")
     assert grid.trials == 6 and grid.direction == "minimize"
+
+
+def test_a_tune_seed_among_the_evaluation_seeds_is_refused_before_any_run(tmp_path, cli):
+    """A trial with seed k is a run of its point with seed k: its best-of-N score would count again as
+    that seed's. Refused in one line, exit 2, with nothing written; the default seed (1000) is apart."""
+    sweep = tmp_path / "tuned.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "points": {"a": {}, "b": {}}, "seeds": [0, 1, 2],
+                                     "tune": {"trials": 1, "seed": 2, "space": {LR: [1e-3]}}}))
+    result = cli("sweep", sweep, "--root", tmp_path / "runs")
+    assert result.code == 2 and not (tmp_path / "runs").exists()
+    assert "tune.seed=2 is also an evaluation seed (0, 1, 2): a point's best trial would count again" in result.err
+    assert parse_tune({"trials": 1, "space": {LR: [1e-3]}}, sweep, [], "val/nll").seed == 1000
+    from attnlab.experiment.spec import load_sweep
+    from attnlab.experiment.sweep import evaluation_seeds
+
+    unseeded = tmp_path / "unseeded.yaml"  # no seeds: the base config's seed_everything (0) is the evaluation seed
+    unseeded.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "points": {"a": {}, "b": {}}}))
+    assert evaluation_seeds(load_sweep(unseeded), []) == [0]
+    assert evaluation_seeds(load_sweep(unseeded), ["--seed_everything", "7"]) == [7]
+
+
+def test_a_chosen_value_on_the_edge_of_its_range_is_flagged():
+    from attnlab.experiment.tune import on_edge
+
+    choices = {"choices": [0.001, 0.003, 0.009]}
+    assert on_edge(choices, 0.001) and on_edge(choices, 0.009) and not on_edge(choices, 0.003)
+    assert on_edge({"choices": [0.1, 0.3]}, 0.1)  # two values: either is an edge, nothing is bracketed
+    assert not on_edge({"choices": ["a", "b"]}, "a")  # not numbers: no edge
+    ranged = {"low": 1e-4, "high": 1e-2, "log": True}  # log scale: 1e-3 is its middle
+    assert on_edge(ranged, 1.2e-4) and on_edge(ranged, 0.0095) and not on_edge(ranged, 1e-3)
+    assert on_edge({"low": 0.0, "high": 0.5}, 0.49) and not on_edge({"low": 0.0, "high": 0.5}, 0.25)
 
 
 def test_best_value_reads_the_best_validation_row():

@@ -150,9 +150,11 @@ def remark(page: Path) -> Path:
 
 
 def _upgrade(report: dict) -> None:
-    """A format-3 report.json as format 4: columns inferred from the headers and named for the
-    checkpoint they show (format 3 showed each run's last validation and tested its best
-    checkpoint), every row's reference the row its tested cells marked as the reference."""
+    """A report.json of format 2 or 3 as format 4: columns inferred from the headers and named for
+    the checkpoint they show (those showed each run's last validation and tested its best
+    checkpoint), every row's reference the row its tested cells marked as the reference (format 3),
+    else the first row (format 2 tested against the best row, chosen after the results: a rule
+    `attnlab report` no longer follows)."""
     from attnlab.experiment.tables import infer_columns
 
     columns = infer_columns(report["rows"])
@@ -163,7 +165,7 @@ def _upgrade(report: dict) -> None:
         elif column.tested:
             renamed[column.header] = f"{column.header} (best)"
     reference = next((row["run"] for row in report["rows"] for value in row.values()
-                      if isinstance(value, dict) and value.get("reference") is True), None)
+                      if isinstance(value, dict) and value.get("reference") is True), report["rows"][0]["run"])
     for row in report["rows"]:
         for old, new in renamed.items():
             if old in row:

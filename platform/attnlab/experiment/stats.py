@@ -3,11 +3,12 @@
 Seeds are the unit of replication: two rows are compared by a paired t-test on their per-seed
 corpus metrics (seed k of one with seed k of the other, df = n - 1), with the mean difference's t
 interval and, where it finds nothing, the smallest difference those seeds could have found
-(`detectable_difference`). A bootstrap over 2-5 seeds is not calibrated: it cannot see the spread
-of training runs it did not sample, and marks equal systems far more often than alpha
-(tests/test_calibration.py simulates both). Example-level tests (sacreBLEU's paired bootstrap for
-BLEU and chrF, a sign-flip permutation test otherwise) remain for two single systems or two
-decodings of one checkpoint, where the examples are what varies.
+(`detectable_difference`). It marks equal systems at the rate alpha (tests/test_seed_significance.py
+simulates them). A bootstrap over seeds and then examples, which this replaces, is not calibrated
+at 2-5 seeds: it cannot see the spread of training runs it did not sample, and marked 17-43 % of
+equal systems. Example-level tests (sacreBLEU's paired bootstrap for BLEU and chrF, a sign-flip
+permutation test otherwise) remain for two single systems or two decodings of one checkpoint,
+where the examples are what varies.
 
 Libraries do the statistics where they have them: scipy's t-test, t and noncentral t
 distributions; sacreBLEU's paired bootstrap. Holm's correction is here (scipy's
@@ -143,7 +144,7 @@ def seed_test(a: list, b: list, score) -> tuple[float, float]:
     system on seed s (rows: test examples; columns summed into the corpus metric: nll and tokens,
     BLEU's n-gram counts, ...); `score` turns summed statistics (rows of an array) into the metric.
     The difference is the mean over seeds of score(a[s]) - score(b[s]), the table's difference of
-    means. Public so that its calibration can be checked from outside (tests/test_calibration.py)."""
+    means. Public so that its calibration can be checked from outside (tests/test_seed_significance.py)."""
     import numpy as np
 
     def corpus(system) -> list[float]:

@@ -209,15 +209,12 @@ def significance_words(columns: list[ColumnMeta], rows: list[dict], counts: dict
                         else "different" if c.significant else "same")
                 groups[kind].append(describe(column, row["run"], c))
             head = f"- **{column.header}**, reference {reference} ({column.fmt(ref[column.header]['mean'])})"
-            parts = [head, ("significantly different: " + ", ".join(groups["different"])) if groups["different"]
-                     else ("no row significantly different over seeds" if groups["same"] else "")]
-            if groups["same"]:
-                parts.append("not significantly different: " + ", ".join(groups["same"]))
-            if groups["examples"]:
-                parts.append("on one seed's examples: " + ", ".join(groups["examples"]))
-            if groups["untested"]:
-                parts.append("not tested: " + ", ".join(groups["untested"]))
-            lines.append(": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:] if p) + ".")
+            parts = []
+            for key, label in (("different", "significantly different"), ("same", "not significantly different"),
+                               ("examples", "on one seed's examples"), ("untested", "not tested")):
+                if groups[key]:
+                    parts.append(f"{label}: {', '.join(groups[key])}")
+            lines.append(f"{head}: {'; '.join(parts)}.")
     return lines
 
 
