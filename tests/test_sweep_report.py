@@ -68,23 +68,25 @@ def test_report_has_one_row_per_point_with_intervals_over_seeds(sweep_run):
     text = (sweep_dir / "report" / "report.md").read_text()
     header, rows = _table(text)
     assert header[:5] == ["run", "n", "family", "n_heads", "params"]
-    for column in ("val nll", "val bpb", "test nll", "test bpb", "test exact_match", "test chrf", "train tok/s",
-                   "gen tok/s", "fit wall"):
+    for column in ("val nll (best)", "val bpb (best)", "test nll (best)", "test bpb (best)", "test exact_match (best)",
+                   "test chrf (best)", "train tok/s", "gen tok/s", "fit wall"):
         assert column in header
     assert [r[0] for r in rows] == list(POINTS)
     assert [r[1] for r in rows] == ["2", "2"]  # n: two seeds per point
     assert [r[3] for r in rows] == ["1", "2"]
     # Same width, different heads: the parameter count does not change (d_k = d_model / h).
     assert rows[0][4] == rows[1][4]
-    nll = rows[0][header.index("test nll")]
+    nll = rows[0][header.index("test nll (best)")]
     assert "±" in nll.strip("*")
     data = json.loads((sweep_dir / "report" / "report.json").read_text())["rows"]
-    entry = data[0]["test nll"]
+    entry = data[0]["test nll (best)"]
     assert data[0]["seeds"] == list(SEEDS) and len(entry["values"]) == 2 and entry["n"] == 2
     low, high = entry["ci95"]
     assert low < entry["mean"] < high
     assert re.search(r"^\| n_heads=1 \| 2 \| \[", text, re.M)  # the interval table
-    assert "significantly different" in text and "paired on the same seeds and test examples" in text
+    # two seeds: the rows are compared (difference and why not tested), never marked
+    assert "not tested: n_heads=2 " in text and "(2 shared seeds; a test over training runs needs 3)" in text
+    assert data[1]["test nll (best)"]["test"] == "none" and data[0]["reference"] == data[1]["reference"] == "n_heads=1"
     assert "| n_heads=1 | 2 |" in first.stdout  # the sweep prints the table when it ends
 
 
@@ -320,33 +322,38 @@ def test_a_sweep_of_named_points_tests_every_row_against_its_reference(tmp_path)
     assert swept["dropout"] == {heads: 2, dropout: 0.1, lr: 0.001}
     rows = {row["run"]: row for row in json.loads((sweep_dir / "report" / "report.json").read_text())["rows"]}
     assert list(rows) == ["base", "h=1", "dropout"]
-    tested = [c for c, v in rows["base"].items() if isinstance(v, dict) and "reference" in v]
-    assert {"test nll", "test chrf", "test exact_match"} <= set(tested)
-    for column in tested:
-        assert rows["base"][column]["reference"] and not rows["h=1"][column]["reference"], column
+    assert [row["reference"] for row in rows.values()] == ["base", "base", "base"]
+    tested = [c for c, v in rows["h=1"].items() if isinstance(v, dict) and "test" in v]
+    assert {"test nll (best)", "test chrf (best)", "test exact_match (best)"} <= set(tested)
+    for column in tested:  # one seed each: two single systems, tested on that seed's test examples
+        assert "test" not in rows["base"][column], column
+        assert rows["h=1"][column]["test"] == rows["dropout"][column]["test"] == "examples", column
         assert rows["h=1"][column]["p"] is not None and rows["dropout"][column]["p"] is not None, column
     for row in rows.values():
-        assert row["val ppl"]["values"] == pytest.approx([math.exp(v) for v in row["val nll"]["values"]])
+        assert row["val ppl (best)"]["values"] == pytest.approx([math.exp(v) for v in row["val nll (best)"]["values"]])
     text = (sweep_dir / "report" / "report.md").read_text()
-    assert "Bold: the reference row, base, which every other row is tested against" in text
+    assert "**test chrf (best)**, reference base (" in text and "`†`: one shared seed, so two single systems" in text
     header, table = _table(text)
     assert header[:7] == ["run", "n", "family", "n_heads", "dropout", "lr", "params"]
     assert table[0][3:6] == ["2", "0.0", "0.003"]
 
 
 def test_the_reference_comes_from_the_runs_that_name_one():
-    """Runs finished before the sweep file named a reference say none and do not undo it; runs
-    naming different references leave the report testing against the first row."""
-    from attnlab.experiment.report import Point, sweep_reference
+    """A row is tested against the row its runs name (done.json: the sweep's reference, or in a facetted
+    sweep its grid cell's), else the first row; naming one the report does not have leaves it untested,
+    so a test never silently moves to another row (across facets)."""
+    from attnlab.experiment.report import Point, point_reference
     from attnlab.experiment.runs import RunRecord
 
     def point(name, *references):
         return Point(name, [RunRecord(name, None, "f", [], seed=i, reference=r) for i, r in enumerate(references)])
 
-    assert sweep_reference([point("base", None, "base"), point("h=1", "base", None)]) == "base"
-    assert sweep_reference([point("base", "base"), point("h=1", "h=1")]) is None
-    assert sweep_reference([point("base", None), point("h=1", None)]) is None
-    assert sweep_reference([point("h=1", "gone")]) is None  # a reference no row has
+    names = ["base", "h=1", "h=2"]
+    assert point_reference(point("h=1", None, "base"), names) == "base"  # a run finished before it named one
+    assert point_reference(point("h=1", None, None), names) == "base"  # none named: the first row
+    assert point_reference(point("h=2", "h=1"), names) == "h=1"
+    assert point_reference(point("h=1", "gone"), names) is None  # a reference no row has: untested
+    assert point_reference(point("h=1", "base", "h=2"), names) == "base"  # two named: the first row, said
 
 
 def test_a_preempted_sweep_stops_leaves_the_point_unfinished_and_resumes_it(tmp_path, monkeypatch):

@@ -32,9 +32,8 @@ USED = {
                                                  "validation and when a fit is preempted",
     ("ModelCheckpoint", "_monitor_candidates"): "the metrics that last.ckpt records, gathered as Lightning gathers them",
     ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP "
-                                           "ranks; resampled, they give the bootstrap over seeds its corpus chrF",
-    ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed (or resampled) statistics, as sacreBLEU "
-                                          "computes it",
+                                           "ranks, and give stats.seed_test each seed's corpus chrF",
+    ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed statistics, as sacreBLEU computes it",
     ("Tensor", "_version"): "a weight's decoding copy is reused until an in-place change bumps this counter",
 }
 

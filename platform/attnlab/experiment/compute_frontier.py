@@ -154,11 +154,12 @@ class ComputeFrontier:
         unit = {"flops": "FLOPs", "tokens": "tokens", "epochs": "epochs"}[self.kind]
         out = ["## Compute frontier", "",
                f"Each contender trained a separate run per budget ({self.kind}) and seed; each run is scored at its best "
-               f"validation checkpoint (its lowest {LOSS}, the loss early stopping keeps) and by the test {TEST} of that "
-               "checkpoint. Mean ± std over seeds, [95 % t interval]; epochs: what the runs of that budget trained "
+               f"validation checkpoint (its lowest {LOSS}, the loss early stopping keeps) and by the {TEST} of that "
+               "checkpoint's test evaluation. Mean ± std over seeds and the 95 % t interval; epochs: what the runs of that "
+               "budget trained "
                f"(mean). {LOSS} is the NLL for autoregressive contenders and the NELBO bound (an upper bound on the "
                "NLL) for diffusion ones. compute_frontier.png draws them against the budget and the epochs.", ""]
-        header = ["contender", "family", f"budget ({unit})", "n", "epochs", f"best {LOSS}", "", f"{TEST} (best)"]
+        header = ["contender", "family", f"budget ({unit})", "n", "epochs", f"best {LOSS}", "95 % interval", f"{TEST} (best)"]
         out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for c in self.contenders:
             for rung in c.rungs:
