@@ -63,6 +63,7 @@ def test_one_block_step_flops_are_torchs_count_of_a_pass_over_the_prefix_and_the
     assert terms.flops == counter.get_total_flops()
     frame = frame_blocks(batch, BOS, SEP, EOS, PAD, LENGTH)
     assert frame.read_width == 1  # [bos]: the only clean token a noisy one reads
+    assert terms.inputs == len(batch["target"]) * (LENGTH + 1)  # the positions it runs: train/tokens_per_s's count
     masked = terms.flops - module.flop_counter.step(len(batch["target"]), LENGTH + 1, 0)
     assert masked > 0 and masked % (6 * VOCAB * BACKBONE["d_model"]) == 0  # the output projection of masked tokens
 

@@ -1,5 +1,6 @@
 """The decoder-only model: cache exactness, padding invariance, framing, loss and sampling."""
 import math
+import re
 
 import pytest
 import torch
@@ -199,6 +200,17 @@ def test_learning_rate_schedules_follow_their_formulas():
     share = OptimizerConfig(warmup_steps=999, warmup_ratio=0.1, schedule="cosine", min_lr_ratio=0.1)
     assert [lr_multiplier(share, s, 100) for s in range(100)] == pytest.approx([lr_multiplier(cosine, s, 100) for s in range(100)])
     assert lr_multiplier(share, 9, 200) == pytest.approx(0.5) and lr_multiplier(share, 19, 200) == pytest.approx(1.0)
+    assert share.warmup(200) == 20 and cosine.warmup(200) == 10
+
+
+@pytest.mark.parametrize("field,value,words", [("warmup_ratio", 1.0, "warmup_ratio=1.0 must be a share"),
+                                               ("warmup_ratio", -0.1, "in [0, 1)"),
+                                               ("label_smoothing", 1.5, "label_smoothing=1.5 must be in [0, 1)")])
+def test_a_bad_optimizer_value_names_its_field(field, value, words):
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        OptimizerConfig(**{field: value})
 
 
 @pytest.mark.parametrize("positional", ["rope", "alibi", "learned"])

@@ -12,8 +12,8 @@ from typing import Callable
 
 from attnlab.experiment.significance import MARKS, Comparison
 from attnlab.experiment.stats import ALPHA, MIN_SEEDS, POWER
+from attnlab.families.metrics import LIKELIHOOD_METRICS
 
-LIKELIHOOD = ("loss", "nll", "ppl", "bpb")  # attnlab.families.metrics.LIKELIHOOD_METRICS, without torch
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
 
 
@@ -45,7 +45,7 @@ FORMATS: dict[str, Callable[[object], str]] = {
 
 
 def quality_format(metric: str) -> str:
-    return "likelihood" if metric in LIKELIHOOD else "score"
+    return "likelihood" if metric in LIKELIHOOD_METRICS else "score"
 
 
 @dataclass

@@ -252,7 +252,8 @@ class BlockDiffusion(FamilyModule):
         low, high = self.train_range if self.training else (self.eval_noise_floor, 1.0)
         loss, nll = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device), seeds=self._eval_seeds(batch))
         copies = 2 if self.training and self.complementary_masks else 1  # each row runs twice
-        n_inputs = copies * int((frame.clean_blocks >= 0).sum() + frame.region.sum())
+        _, clean_blocks = self._clean_half(frame, self.training)  # the positions the pass runs (MDLM: the prefix)
+        n_inputs = copies * int((clean_blocks >= 0).sum() + frame.region.sum())
         return LossTerms(loss, nll, frame.n_targets, n_inputs, self.last_flops)
 
     def expected_flops(self, batch):

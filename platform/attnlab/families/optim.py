@@ -47,12 +47,12 @@ class OptimizerConfig:
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1):
             raise ConfigError(f"optimizer.warmup_ratio={ratio!r} must be a share of the run's steps in [0, 1) "
                               "(e.g. 0.1), or null to warm up for warmup_steps")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"optimizer.label_smoothing={self.label_smoothing} must be in [0, 1)")
 
     def warmup(self, total_steps: int) -> int:
         """Warmup steps of a run of `total_steps` optimizer steps."""
         return self.warmup_steps if self.warmup_ratio is None else round(self.warmup_ratio * total_steps)
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"optimizer.label_smoothing={self.label_smoothing} must be in [0, 1)")
 
 
 def lr_multiplier(cfg: OptimizerConfig, step: int, total_steps: int, d_model: int = 512) -> float:
