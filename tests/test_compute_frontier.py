@@ -126,3 +126,20 @@ def test_a_contender_that_never_drops_below_says_none_in_the_range():
     lines = "\n".join(ComputeFrontier.from_json(data).lines())
     assert "- bd against ar: none in the range (1e+09–1.6e+10 FLOPs): not below at the largest budget" in lines
     assert "| bd | ar | 1e+09 | 2 | +0.5000 | not tested (2 shared seeds) |" in lines
+
+
+def test_a_seed_below_at_every_budget_crosses_somewhere_below_the_range_and_gives_no_interval():
+    from attnlab.experiment.compute_frontier import ComputeFrontier
+
+    def rungs(best):
+        return [{"budget": b, "seeds": [0, 1, 2], "best": v, "test": v, "epochs": [1, 1, 1]} for b, v in zip(BUDGETS, best)]
+
+    data = {"kind": "flops", "contenders": [
+        {"name": "ar", "family": "DecoderOnly", "ar": True, "rungs": rungs([[3.0] * 3, [2.8] * 3, [2.9] * 3])},
+        {"name": "bd", "family": "BlockDiffusion", "ar": False,
+         "rungs": rungs([[2.9, 3.2, 3.3], [2.7, 2.9, 2.95], [2.6, 2.7, 2.75]])}]}
+    frontier = ComputeFrontier.from_json(data)
+    entry = frontier.crossover(*reversed(frontier.contenders))
+    assert entry["seeds"][0] == 1e9 and "interval" not in entry  # seed 0 is below from the smallest budget on
+    lines = "\n".join(frontier.lines())
+    assert "seed 0: ≤ 1e+09; seed 1: " in lines and "no interval: it needs 3 or more seeds that all cross inside" in lines

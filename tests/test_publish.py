@@ -111,15 +111,15 @@ def test_the_readme_copies_of_tables_equal_their_pages():
         assert table == json.loads((root / page).with_suffix(".json").read_text())["markdown"]["table"], page
 
 
-def _marked_cells(table: str) -> dict[tuple[str, str], bool]:
-    """(row, column header) -> whether the table's cell carries `*`."""
+def _marked_cells(table: str, mark: str = "*") -> dict[tuple[str, str], bool]:
+    """(row, column header) -> whether the table's cell carries `mark`."""
     lines = table.splitlines()
     headers = [h.strip() for h in lines[0].strip("|").split("|")]
     out = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         row = cells[0].removesuffix(" (tuned)").removesuffix(" (untuned)")
-        out.update({(row, header): cell.endswith(" *") for header, cell in zip(headers, cells)})
+        out.update({(row, header): cell.endswith(f" {mark}") for header, cell in zip(headers, cells)})
     return out
 
 
@@ -167,11 +167,14 @@ def test_every_mark_on_a_committed_results_page_holds_over_seeds():
                     key = (row["run"], family.get(column["metric"], column["metric"]))
                     raw[key] = max(raw.get(key, 0.0), _t_p([mine[s] for s in shared], [theirs[s] for s in shared]))
         adjusted = _holm(raw)
-        marked = _marked_cells(report["markdown"]["table"])
+        marked, daggers = _marked_cells(report["markdown"]["table"]), _marked_cells(report["markdown"]["table"], "†")
         for column in (c for c in report["columns"] if c.get("metric")):
             for name in rows:
                 p = adjusted.get((name, family.get(column["metric"], column["metric"])))
                 assert marked[name, column["header"]] == (p is not None and p < 0.05), (path.name, name, column["header"], p)
+                cell = rows[name].get(column["header"]) or {}  # `†`: one shared seed, tested on its examples
+                assert daggers[name, column["header"]] == (cell.get("test") == "examples" and cell["shared"] == 1
+                                                           and cell["p"] < 0.05), (path.name, name, column["header"])
         frontier = report.get("compute_frontier")
         if frontier:
             _check_frontier_marks(path, frontier, report["markdown"]["compute_frontier"])
@@ -250,6 +253,21 @@ def test_remark_recomputes_a_pages_marks_and_words_from_its_json_alone(tmp_path,
     marks = _marked_cells(upgraded["markdown"]["table"])
     assert marks == {(row, header.replace("val nll (best)", "val nll (last)")): mark
                      for (row, header), mark in _marked_cells(fresh["markdown"]["table"]).items()}
+    # a format-3 row of one shared seed kept its example-level p, and keeps it, now as `†`
+    one_seed = json.loads(json.dumps(legacy))
+    for row in one_seed["rows"]:
+        row["seeds"] = row["seeds"][:1]
+        for cell in (c for c in row.values() if isinstance(c, dict)):
+            cell["values"], cell["n"] = cell["values"][:1], 1
+        if row["run"] == "noisy":
+            row["test bleu"].update(test="sacrebleu", p_raw=0.001, p=0.005)
+    page.with_suffix(".json").write_text(json.dumps(one_seed))
+    remark(page)
+    kept = {row["run"]: row for row in json.loads(page.with_suffix(".json").read_text())["rows"]}
+    assert kept["noisy"]["test bleu (best)"]["test"] == "examples" and kept["noisy"]["test bleu (best)"]["p"] == 0.001
+    assert "sacreBLEU's paired bootstrap" in kept["noisy"]["test bleu (best)"]["why"]
+    assert kept["noisy"]["test chrf (best)"]["why"].startswith("one shared seed; no per-example values")  # it had none
+    assert " †" in page.read_text().split("| noisy |")[1].split("\n")[0]
 
 
 def regenerate_fixture() -> None:  # pragma: no cover - run by hand after a deliberate change of the page

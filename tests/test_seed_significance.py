@@ -130,7 +130,7 @@ def test_nll_and_bpb_are_one_hypothesis_and_examples_a_family_of_their_own():
     nll = {"a": seeds(0.01), "b": seeds(0.2)}
     bpb = {"a": seeds(0.012), "b": seeds(0.3)}
     bleu = {"a": seeds(0.04), "b": seeds(0.001), "c": Comparison("examples", 1, 2.0, p_raw=0.02, why="x")}
-    counts = adjust([("nll", nll), ("bpb", bpb), ("bleu", bleu)])
+    counts = adjust([("test", "nll", nll), ("test", "bpb", bpb), ("test", "bleu", bleu)])
     assert counts == {"seeds": 4, "examples": 1}
     # hypotheses: a/likelihood 0.012, b/likelihood 0.3, a/bleu 0.04, b/bleu 0.001 -> Holm
     expected = dict(zip(["al", "bl", "ab", "bb"], holm([0.012, 0.3, 0.04, 0.001])))
@@ -139,6 +139,22 @@ def test_nll_and_bpb_are_one_hypothesis_and_examples_a_family_of_their_own():
     assert bleu["c"].p == 0.02 and bleu["c"].mark == "†"
     assert bleu["b"].mark == "*" and bleu["b"].detectable is None
     assert not nll["b"].significant and nll["b"].detectable == pytest.approx(detectable_difference(0.05, 3, ALPHA / 4))
+    # another evaluation of the same metric is another hypothesis
+    again = {"a": seeds(0.01)}
+    assert adjust([("test", "nll", {"a": seeds(0.01)}), ("len2x", "nll", again)])["seeds"] == 2
+
+
+def test_a_seed_without_a_finite_value_is_left_out_and_a_reference_without_values_says_so():
+    """A diverged run (nan) is dropped from the pairs instead of turning every p into nan; a reference
+    with no value in the column gives its rows a line saying so, not a crash."""
+    rows = [Row("ref", [0, 1, 2, 3], "ref"), Row("a", [0, 1, 2, 3], "ref"), Row("b", [0, 1, 2], "ref")]
+    values = {"ref": [1.0, 2.0, 3.0, 4.0], "a": [1.5, 2.4, float("nan"), 4.6], "b": [None, None, None]}
+    out = compare(rows, values, "nll")
+    assert out["a"].test == "seeds" and out["a"].shared == 3 and np.isfinite(out["a"].p_raw)
+    assert out["a"].difference == pytest.approx(np.mean([0.5, 0.4, 0.6]))
+    assert "b" not in out  # nothing to compare
+    missing = compare(rows, {"ref": [None] * 4, "a": [1.0, 2.0, 3.0, 4.0]}, "nll")
+    assert missing["a"].test == "none" and missing["a"].why == "the reference ref has no value here"
 
 
 def test_the_words_give_the_difference_its_interval_p_and_what_the_seeds_could_detect():

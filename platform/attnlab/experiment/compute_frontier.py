@@ -65,6 +65,7 @@ class ComputeFrontier:
     # ---- from runs, to and from JSON ------------------------------------------------------------------
     @classmethod
     def from_points(cls, points) -> ComputeFrontier | None:
+        """The frontier of a report's points, or None when no contender ran at more than one budget."""
         budgets = {}
         for point in points:
             raw = point.first.swept.get(BUDGET)
@@ -141,9 +142,11 @@ class ComputeFrontier:
             if len(pairs) == len(shared):
                 per_seed[seed] = crossing([b for b, _ in pairs], [d for _, d in pairs])
         entry = {"at": crossing(budgets, mean), "seeds": per_seed, "range": [budgets[0], budgets[-1]] if budgets else None}
-        crossed = [x for x in per_seed.values() if x is not None]
-        if len(crossed) >= 2 and len(crossed) == len(per_seed):
-            s = summarize([math.log10(x) for x in crossed])
+        # An interval where at least MIN_SEEDS seeds all cross inside the range: a seed below at every
+        # budget crosses somewhere below the smallest (censored), one never below somewhere above it.
+        inside = [x for x in per_seed.values() if x is not None and x > budgets[0]]
+        if len(inside) >= MIN_SEEDS and len(inside) == len(per_seed):
+            s = summarize([math.log10(x) for x in inside])
             entry["interval"] = [10 ** s.low, 10 ** s.high]
         return entry
 
@@ -153,9 +156,10 @@ class ComputeFrontier:
         tested = sum("p" in e for e in comparisons)
         unit = {"flops": "FLOPs", "tokens": "tokens", "epochs": "epochs"}[self.kind]
         out = ["## Compute frontier", "",
-               f"Each contender trained a separate run per budget ({self.kind}) and seed; each run is scored at its best "
-               f"validation checkpoint (its lowest {LOSS}, the loss early stopping keeps) and by the {TEST} of that "
-               "checkpoint's test evaluation. Mean ± std over seeds and the 95 % t interval; epochs: what the runs of that "
+               f"Each contender trained a separate run per budget ({self.kind}) and seed; each run is scored by the {LOSS} "
+               "of its best validation checkpoint (chosen by run.monitor, val/nll unless a sweep says otherwise: the loss "
+               f"early stopping keeps) and by the {TEST} of its evaluation named test (the best checkpoint unless the "
+               "sweep says otherwise). Mean ± std over seeds and the 95 % t interval; epochs: what the runs of that "
                "budget trained "
                f"(mean). {LOSS} is the NLL for autoregressive contenders and the NELBO bound (an upper bound on the "
                "NLL) for diffusion ones. compute_frontier.png draws them against the budget and the epochs.", ""]
@@ -183,23 +187,28 @@ class ComputeFrontier:
             out.append(f"| {e['contender']} | {e['against']} | {e['budget']:.3g} | {e['shared']} | {difference}{mark} | {p} |")
         out += ["", "Crossover: the budget from which a non-AR contender's mean best "
                     f"{LOSS} stays below the AR's up to the largest budget (interpolated in log {unit}); in brackets "
-                    "each seed's, and a 95 % t interval (in log compute) where every seed crosses.", ""]
+                    "each seed's (≤: below already at the smallest budget), and a 95 % t interval (in log compute) where "
+                    f"{MIN_SEEDS} or more seeds all cross inside the range.", ""]
         for c, ref in self.pairs():
             out.append(self._crossover_words(c, ref, unit))
         return out + [""]
 
     def _crossover_words(self, c: Contender, ref: Contender, unit: str) -> str:
         entry = self.crossover(c, ref)
-        low, high = entry["range"] or (None, None)
+        if entry["range"] is None:
+            return f"- {c.name} against {ref.name}: no budget in common."
+        low, high = entry["range"]
         if entry["at"] is None:
             where = f"none in the range ({low:.3g}–{high:.3g} {unit}): not below at the largest budget"
         elif entry["at"] <= low:
             where = f"below at every budget, from the smallest ({low:.3g} {unit}) on"
         else:
             where = f"below from {entry['at']:.3g} {unit} on"
-        seeds = "; ".join(f"seed {s}: " + ("none" if x is None else f"{x:.3g}") for s, x in entry["seeds"].items())
+        seeds = "; ".join(f"seed {s}: " + ("none" if x is None else f"≤ {x:.3g}" if x <= low else f"{x:.3g}")
+                          for s, x in entry["seeds"].items())
         interval = (f", 95 % interval [{entry['interval'][0]:.3g}, {entry['interval'][1]:.3g}]" if "interval" in entry
-                    else ", no interval: not every seed crosses in the range" if entry["seeds"] else "")
+                    else f", no interval: it needs {MIN_SEEDS} or more seeds that all cross inside the range"
+                    if entry["seeds"] else "")
         return f"- {c.name} against {ref.name}: {where}" + (f" ({seeds}{interval})" if seeds else "") + "."
 
     def plot(self, output: Path) -> Path:
@@ -231,11 +240,6 @@ class ComputeFrontier:
 
     def write(self, output: Path) -> tuple[list[str], list[Path]]:
         return self.lines(), [self.plot(output)]
-
-
-def compute_frontier(points) -> ComputeFrontier | None:
-    """The report's compute frontier, or None when no contender ran at more than one budget."""
-    return ComputeFrontier.from_points(points)
 
 
 def _paired(rung: Rung, other: Rung, key: str) -> tuple[list[float], list[float]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnlab.experiment.runs import RunRecord
 from attnlab.experiment.significance import MARKS, Comparison, Row as TableRow, compare, example_p
-from attnlab.experiment.stats import ALPHA, Summary, summarize
+from attnlab.experiment.stats import Summary, summarize
 
 QUALITY = {"exact_match": "exact match", "chrf": "chrF", "bleu": "BLEU"}
 
@@ -73,26 +73,25 @@ def batch_sizes(rows: list[Row]) -> list[int]:
     return sorted({b for row in rows for b in row.evaluations})
 
 
-def quality_tests(rows: list[Row], reference: str | None, example_test=None) -> dict[str, dict[str, Comparison]]:
+def quality_tests(rows: list[Row], reference: str | None) -> dict[str, dict[str, Comparison]]:
     """metric -> row -> its quality against the reference row's (significance.compare on the per-seed
-    values of each row's quality evaluation; raw p until significance.adjust). `example_test`: the
-    report's, (evaluation, metric, row, reference, seed) -> (p, test) or why not."""
+    values of each row's quality evaluation, one shared seed on its examples.jsonl; raw p until
+    significance.adjust)."""
     if reference not in {row.name for row in rows}:
         return {}
-    table = [TableRow(row.name, row.seeds, reference) for row in rows]
+    table = [TableRow(row.name, row.seeds, reference, row.records[0].tuned) for row in rows]
     by_name = {row.name: row for row in rows}
-    test = None
-    if example_test is not None:
-        def test(metric, name, ref, seed):
-            mine, theirs = by_name[name], by_name[ref]
-            pair = (_examples(mine, seed), _examples(theirs, seed))
-            return "no per-example values (examples.jsonl)" if None in pair else example_p(metric, *pair)
+
+    def on_examples(metric, name, ref, seed):
+        pair = (_examples(by_name[name], seed), _examples(by_name[ref], seed))
+        return "no per-example values (examples.jsonl)" if None in pair else example_p(metric, *pair)
+
     out = {}
     for metric in QUALITY:
         values = {row.name: [r.evaluations.get(row.quality_evaluation, {}).get(f"test/{metric}") for r in row.records]
                   for row in rows if row.summary(f"test/{metric}") is not None}
         if reference in values:
-            out[metric] = compare(table, values, metric, test)
+            out[metric] = compare(table, values, metric, on_examples)
     return out
 
 
@@ -109,15 +108,15 @@ class FrontierTests:
     reference: str | None
     tests: dict[str, dict[str, Comparison]]
 
-    def columns(self) -> list[tuple[str, dict[str, Comparison]]]:
-        """(metric, comparisons) per tested metric, as significance.adjust takes them."""
-        return list(self.tests.items())
+    def columns(self) -> list[tuple[str, str, dict[str, Comparison]]]:
+        """(evaluation, metric, comparisons) per tested metric, as significance.adjust takes them."""
+        return [("frontier", metric, comparisons) for metric, comparisons in self.tests.items()]
 
 
-def frontier_tests(points, example_test=None) -> FrontierTests | None:
+def frontier_tests(points) -> FrontierTests | None:
     """The frontier of the report's points with its quality tests, or None without frontier runs."""
     rows, reference = frontier_rows(points)
-    return FrontierTests(rows, reference, quality_tests(rows, reference, example_test)) if rows else None
+    return FrontierTests(rows, reference, quality_tests(rows, reference)) if rows else None
 
 
 def _comparison(tests: dict[str, dict[str, Comparison]], metric: str, row: str) -> Comparison | None:

@@ -116,6 +116,10 @@ def remark(page: Path) -> Path:
         raise AttnlabError(f"--remark {page}: {data_file} does not exist; it is the JSON that "
                            "`attnlab report --publish` writes beside a page")
     report = json.loads(data_file.read_text(encoding="utf-8"))
+    if report["markdown"].get("frontier"):
+        raise AttnlabError(f"--remark {page}: its speed-against-quality section was tested with the report's other "
+                           "comparisons, whose per-seed values the page's JSON does not hold; rerun "
+                           "`attnlab report --publish` on its runs instead")
     if report.get("format", 0) < 4:
         _upgrade(report)
     columns = [ColumnMeta(**c) for c in report["columns"]]
@@ -166,10 +170,14 @@ def _upgrade(report: dict) -> None:
             renamed[column.header] = f"{column.header} (best)"
     reference = next((row["run"] for row in report["rows"] for value in row.values()
                       if isinstance(value, dict) and value.get("reference") is True), report["rows"][0]["run"])
+    example_tests = {"sacrebleu": "sacreBLEU's paired bootstrap", "permutation": "a sign-flip permutation test"}
     for row in report["rows"]:
         for old, new in renamed.items():
             if old in row:
                 row[new] = row.pop(old)
+            cell = row.get(new)
+            if isinstance(cell, dict) and cell.get("test") in example_tests:  # one shared seed: its example-level p
+                cell.update(test="examples", why=example_tests[cell["test"]])
         row.update(reference=reference, facet=None, tuned=None)
     for column in columns:
         column.header = renamed.get(column.header, column.header)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,10 +145,10 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
 
 
 def table_rows(rows: list[dict]) -> list[Row]:
-    return [Row(r["run"], r["seeds"], r.get("reference"), r.get("facet"), r.get("tuned")) for r in rows]
+    return [Row(r["run"], r["seeds"], r.get("reference"), r.get("tuned")) for r in rows]
 
 
-def compare_columns(rows: list[dict], columns: list[ColumnMeta], example_test=None) -> list[tuple[str, dict]]:
+def compare_columns(rows: list[dict], columns: list[ColumnMeta], example_test=None) -> list[tuple[str, str, dict]]:
     """Each tested column's comparisons, every row against its reference on the per-seed values
     (raw p until `significance.adjust`), written into the rows' cells."""
     out = []
@@ -163,7 +162,7 @@ def compare_columns(rows: list[dict], columns: list[ColumnMeta], example_test=No
                 row[column.header] = {k: v for k, v in row[column.header].items() if k in ("values", "mean", "std", "n", "ci95")}
                 if row["run"] in comparisons:
                     row[column.header]["comparison"] = comparisons[row["run"]]
-        out.append((column.metric, comparisons))
+        out.append((column.evaluation, column.metric, comparisons))
     return out
 
 
@@ -260,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_main(argv: list[str]) -> int:
-    from attnlab.experiment.compute_frontier import compute_frontier
+    from attnlab.experiment.compute_frontier import ComputeFrontier
     from attnlab.experiment.curves import build_curves, crossover_text, facet_key, write_curves
     from attnlab.experiment.frontier import frontier_tests, write_frontier
     from attnlab.experiment.plots import write_plots
@@ -285,7 +284,7 @@ def report_main(argv: list[str]) -> int:
     rows = report_rows(points, columns)
     example_test = records_example_test(points)
     tested = compare_columns(rows, columns, example_test)
-    speed = frontier_tests(points, example_test)  # its comparisons join the report's Holm families
+    speed = frontier_tests(points)  # its comparisons join the report's Holm families
     counts = adjust(tested + (speed.columns() if speed else []))
     store_comparisons(rows)
     md = render(columns, rows, counts)
@@ -298,7 +297,7 @@ def report_main(argv: list[str]) -> int:
     learning = crossover_text(curves, facet)
     frontier, frontier_plots = write_frontier(speed, output, args.metric, counts)
     plots += frontier_plots
-    ladder = compute_frontier(points)
+    ladder = ComputeFrontier.from_points(points)
     ladder_lines, ladder_plots = ladder.write(output) if ladder else ([], [])
     plots += ladder_plots
     budget = budget_line(points)

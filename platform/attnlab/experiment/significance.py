@@ -7,20 +7,22 @@ seeds both ran, seed k with seed k, in each evaluation column:
 - 3 or more shared seeds (stats.MIN_SEEDS): a paired t-test on the per-seed corpus metrics, the
   values the table averages; its mean difference with a 95 % t interval and, where it finds
   nothing, the smallest difference those seeds could have found with 80 % power. Mark `*`.
-- 2 shared seeds: no test. With one degree of freedom t(0.975) is 12.7, so only an effect a dozen
-  times the seed spread could show; the words say so rather than mark anything.
+- 2 shared seeds: no test. With one degree of freedom t(0.975) is 12.7, so only a difference 12.7
+  standard errors from zero could show; the words say so rather than mark anything.
 - 1 shared seed: two single systems. An example-level test on that seed's test examples
   (sacreBLEU's paired bootstrap for BLEU and chrF, a sign-flip permutation test otherwise), under
   its own mark `†`: it says these two trained models differ on these examples, not that another
   training run would keep the order.
 
 A tuned row is never tested against an untuned one (the difference would be the tuning's). Holm's
-correction runs over the report's hypotheses, one per row and metric family (nll and bpb measure
-one quantity: one hypothesis, whose p is the larger of the two), the seed-level and the
-example-level tests each a family of its own.
+correction runs over the report's hypotheses, one per row, evaluation and metric family (nll and bpb
+measure one quantity: one hypothesis, whose p is the larger of the two), the seed-level and the
+example-level tests each a family of its own. A seed whose value is missing or not finite (a run
+that diverged) is left out of the pairs, never allowed to turn a p into nan.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -45,12 +47,11 @@ PERMUTATION = "a sign-flip permutation test"
 @dataclass
 class Row:
     """What the tests need of a table row: its seeds, the row it is tested against (its own name:
-    a reference; None: not tested), its facet and whether a tune stage chose its values."""
+    a reference; None: not tested) and whether a tune stage chose its values."""
 
     name: str
     seeds: list
     reference: str | None
-    facet: str | None = None
     tuned: bool | None = None
 
 
@@ -60,7 +61,8 @@ class Comparison:
     (one shared seed's test examples) or "none" (`why`). difference: the row's mean over the shared
     seeds minus the reference's; low, high: its 95 % t interval; detectable: the smallest difference
     the seeds could have found (80 % power, at the level Holm holds the first hypothesis to); p:
-    Holm-adjusted once `adjust` ran."""
+    Holm-adjusted once `adjust` ran; detectable is None where the seeds' differences do not spread
+    (nothing to size an effect against)."""
 
     test: str
     shared: int
@@ -99,16 +101,25 @@ def compare(rows: list[Row], values: dict[str, list], metric: str, example_test:
     """row -> its comparison with its reference in one column whose per-seed values (aligned with
     each row's seeds, None where a seed has none) are `values[row]`; raw p until `adjust`."""
     by_name = {row.name: row for row in rows}
+    known = {name: {seed: v for seed, v in zip(by_name[name].seeds, per_seed) if _finite(v)}
+             for name, per_seed in values.items() if name in by_name}
     out = {}
     for row in rows:
         reference = by_name.get(row.reference) if row.reference not in (None, row.name) else None
-        if reference is None or row.name not in values or reference.name not in values:
+        if reference is None or not known.get(row.name):
             continue
-        mine, theirs = dict(zip(row.seeds, values[row.name])), dict(zip(reference.seeds, values[reference.name]))
-        shared = [s for s in row.seeds if mine.get(s) is not None and theirs.get(s) is not None]
+        mine, theirs = known[row.name], known.get(reference.name, {})
+        if not theirs:
+            out[row.name] = Comparison("none", 0, why=f"the reference {reference.name} has no value here")
+            continue
+        shared = [s for s in row.seeds if s in mine and s in theirs]
         out[row.name] = _compare(row, reference, [mine[s] for s in shared], [theirs[s] for s in shared], shared,
                                  metric, example_test)
     return out
+
+
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _compare(row: Row, reference: Row, mine: list, theirs: list, shared: list, metric: str,
@@ -131,25 +142,25 @@ def _compare(row: Row, reference: Row, mine: list, theirs: list, shared: list, m
     return Comparison("examples", 1, difference, p_raw=p, why=test)
 
 
-def adjust(columns: list[tuple[str, dict[str, Comparison]]]) -> dict[str, int]:
-    """Holm-adjust every comparison of a report (`columns`: (metric, row -> Comparison) per tested
-    column), the seed-level and the example-level tests as two families, each hypothesis one row and
-    metric family; a non-significant seed-level comparison gets its detectable difference at the
-    level Holm holds the first hypothesis to (alpha / hypotheses). Returns the hypotheses per test."""
+def adjust(columns: list[tuple[str, str, dict[str, Comparison]]]) -> dict[str, int]:
+    """Holm-adjust every comparison of a report (`columns`: (evaluation, metric, row -> Comparison) per
+    tested column), the seed-level and the example-level tests as two families, each hypothesis one
+    row, evaluation and metric family; a non-significant seed-level comparison gets its detectable
+    difference at the level Holm holds the first hypothesis to (alpha / hypotheses). Returns the
+    hypotheses per test."""
     counts = {}
     for test in MARKS:
         hypotheses: dict[tuple, list[Comparison]] = {}
-        for metric, comparisons in columns:
+        for evaluation, metric, comparisons in columns:
             for row, c in comparisons.items():
                 if c.test == test:
-                    hypotheses.setdefault((row, FAMILY[metric]), []).append(c)
+                    hypotheses.setdefault((row, evaluation, FAMILY[metric]), []).append(c)
         keys = list(hypotheses)
         for key, p in zip(keys, holm([max(c.p_raw for c in hypotheses[k]) for k in keys])):
             for c in hypotheses[key]:
                 c.p = p
-                if test == "seeds":
-                    c.detectable = None if c.significant else detectable_difference(c.spread, c.shared,
-                                                                                   ALPHA / len(keys))
+                if test == "seeds" and not c.significant and c.spread:
+                    c.detectable = detectable_difference(c.spread, c.shared, ALPHA / len(keys))
         counts[test] = len(keys)
     return counts
 

@@ -160,7 +160,8 @@ def describe(column: ColumnMeta, name: str, c: Comparison) -> str:
         words = (f"{name} {_signed(column, c.difference)} [{_signed(column, c.low)}, {_signed(column, c.high)}] "
                  f"(p = {c.p:.3g}")
         if not c.significant:
-            words += f"; {c.shared} seeds detect ≥ {column.fmt(c.detectable)}" if c.detectable is not None else ""
+            words += (f"; {c.shared} seeds detect ≥ {column.fmt(c.detectable)}" if c.detectable is not None
+                      else "; no spread between its seeds' differences to size an effect against")
         return words + ")"
     if c.test == "examples":
         return f"{name} {_signed(column, c.difference)} (p = {c.p:.3g}, {c.why})"
@@ -182,18 +183,19 @@ def significance_words(columns: list[ColumnMeta], rows: list[dict], counts: dict
         "else its first row" + ("; in each cell of the grid, that base's point of the same cell: no test crosses "
                                  "cells" if facetted else "") + ").",
         f"Each comparison gives the mean difference (row minus reference, over the seeds both ran) with its 95 % t "
-        f"interval. `*`: significant over training runs: a paired t-test on the per-seed values of the seeds both "
+        f"interval (not adjusted for the number of tests). `*`: significant over training runs: a paired t-test on the per-seed values of the seeds both "
         f"rows ran (at least {MIN_SEEDS}; df = seeds − 1), p < {ALPHA} two-sided after Holm's correction over the "
-        f"report's {counts.get('seeds', 0)} hypotheses (one per row and metric family; nll and bpb are one). Where "
+        f"report's {counts.get('seeds', 0)} hypotheses (one per row, evaluation and metric family; nll and bpb are "
+        f"one). Where "
         f"it is not significant, the smallest difference those seeds could have detected with {POWER * 100:.0f} % power "
         f"(at α / {counts.get('seeds', 0)}, the level Holm holds the first hypothesis to), so a blank reads as too "
         "few seeds or too small a difference." if "seeds" in kinds else "",
         f"`{MARKS['examples']}`: one shared seed, so two single systems: an example-level test on that seed's test "
         f"examples (its own Holm family of {counts.get('examples', 0)}): these two trained models differ on these "
         "examples; another training run may not keep the order." if "examples" in kinds else "",
-        f"Rows that share fewer than {MIN_SEEDS} seeds with their reference get no `*`: with two, t(0.975, 1) = 12.7 "
-        "and only an effect a dozen times the seed spread could show." if any(c.test != "seeds" and c.shared == 2
-                                                                              for c in found) else "",
+        f"Rows that share fewer than {MIN_SEEDS} seeds with their reference get no `*`: with two, t(0.975, 1) = 12.7, "
+        "so only a difference 12.7 standard errors from zero could show." if any(c.test != "seeds" and c.shared == 2
+                                                                                 for c in found) else "",
     ])), ""]
     by_name = {row["run"]: row for row in rows}
     for column in tested:
@@ -208,7 +210,8 @@ def significance_words(columns: list[ColumnMeta], rows: list[dict], counts: dict
                 kind = ("untested" if c.test == "none" else "examples" if c.test == "examples"
                         else "different" if c.significant else "same")
                 groups[kind].append(describe(column, row["run"], c))
-            head = f"- **{column.header}**, reference {reference} ({column.fmt(ref[column.header]['mean'])})"
+            mean = (ref.get(column.header) or {}).get("mean")
+            head = f"- **{column.header}**, reference {reference} ({'—' if mean is None else column.fmt(mean)})"
             parts = []
             for key, label in (("different", "significantly different"), ("same", "not significantly different"),
                                ("examples", "on one seed's examples"), ("untested", "not tested")):

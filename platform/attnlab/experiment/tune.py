@@ -288,7 +288,7 @@ class Tuner:
                   for t in study.get_trials(deepcopy=False)]
         complete = [t for t in trials if t["state"] == "COMPLETE"]
         record[point.name] = {"metric": self.tune.metric, "direction": self.tune.direction, "sampler": self.tune.sampler,
-                              "trials": trials, "chosen": study.best_trial.params if complete else None,
+                              "seed": self.tune.seed, "trials": trials, "chosen": study.best_trial.params if complete else None,
                               "space": {k: vars(p) for k, p in self.tune.space.items()}}
         atomic_write_text(record_file, json.dumps(record, indent=1, default=list) + "\n")
 
@@ -330,8 +330,9 @@ def tuning_section(sweep_dir: Path, rows: list[str] | None = None) -> list[str]:
     lines = ["## Tuning", "",
              f"{who}: {'/'.join(map(str, sorted(counts)))} trial(s) of `attnlab fit` each ({first['sampler']} sampler) "
              f"over the same space, chosen by the {'highest' if first['direction'] == 'maximize' else 'lowest'} "
-             f"{first['metric']} a trial validated (validation data only), with a tune seed none of the evaluation "
-             "seeds share. The seeds of a tuned point then ran with its chosen values.", ""]
+             f"{first['metric']} a trial validated (validation data only)"
+             + (f", every trial with tune seed {first['seed']}, which no evaluation run shares" if "seed" in first else "")
+             + ". The seeds of a tuned point then ran with its chosen values.", ""]
     header = ["point", "trial", *(k.rsplit(".", 1)[-1] for k in keys), first["metric"], "state", "fit seconds"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     edges = []

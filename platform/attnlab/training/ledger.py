@@ -107,7 +107,9 @@ class BudgetLedger(L.Callback):
 
     def _step_cost(self, trainer, pl_module) -> StepCost:
         """A step's cost over this rank's epoch of batches, rank 0's on every rank (so all stop at one
-        step), computed again only when the module's `cost_key` says its cost changed."""
+        step), computed again only when the module's `cost_key` says its cost changed. The key must
+        change on every rank at once (noise_search reduces its choice over ranks), as the broadcast
+        is a collective."""
         key = pl_module.cost_key()
         if self._cost is None or self._cost[0] != key:
             cost = step_cost(pl_module, trainer.datamodule.train_batches(), trainer.world_size,
