@@ -285,3 +285,29 @@ def regenerate_fixture() -> None:  # pragma: no cover - run by hand after a deli
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
+
+
+def test_the_commit_a_page_names_changes_with_the_code_not_with_the_docs(tmp_path):
+    """`+changes` says the code that measured differs from the commit; a results page being written
+    (docs/, markdown) is no such change."""
+    import subprocess
+
+    from attnlab.experiment.provenance import commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs").mkdir()
+    for name in ("code.py", "README.md", "docs/page.json"):
+        (tmp_path / name).write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    head = commit(tmp_path)
+    assert len(head) == 7 and "+" not in head
+    (tmp_path / "docs" / "page.json").write_text("b\n")
+    (tmp_path / "README.md").write_text("b\n")
+    assert commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("b\n")
+    assert commit(tmp_path) == head + "+changes"

@@ -37,13 +37,14 @@ def machine() -> str:
 
 
 def commit(cwd: str | Path = ".") -> str:
-    """The short commit of the checkout in `cwd`, `+changes` when tracked files differ from it."""
+    """The short commit of the checkout in `cwd`, `+changes` when tracked files other than the docs
+    and markdown differ from it (a results page being written is no change to what measured it)."""
     def git(*args) -> str:
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30).stdout.strip()
 
     try:
         head = git("rev-parse", "--short=7", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs", ":(exclude)*.md")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head + ("+changes" if changed else "")) if head else "unknown"
