@@ -242,3 +242,8 @@ def test_a_budget_refuses_a_warmup_counted_in_steps_before_any_run(cli, tmp_path
     check_warmups(spec, ["--model.init_args.optimizer.warmup_ratio", "0.2"])  # a flag for every run
     spec.named.pop("base")
     check_warmups(spec, [])
+    plain = tmp_path / "plain.yaml"  # no budget in the file: one given to every run is checked the same
+    plain.write_text("base: debug.yaml\npoints:\n  base: {}\n  small: {model.init_args.backbone.d_model: 16}\n")
+    check_warmups(load_sweep(plain), [])
+    with pytest.raises(ConfigError, match=r"point base: run.budget epochs 2 derives"):
+        check_warmups(load_sweep(plain), ["--run.budget", "{epochs: 2}"])

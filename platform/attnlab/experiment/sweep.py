@@ -398,26 +398,29 @@ def evaluation_seeds(spec: SweepSpec, passthrough: list[str]) -> list[int]:
 
 def check_warmups(spec: SweepSpec, passthrough: list[str]) -> None:
     """Every budgeted point's warmup (from the pass-through flags, else its overrides, else its base
-    configs, later ones winning, else the default), refused before the first run when a budget
-    derives the steps and the warmup is a count (attnlab.training.budget.check_budget_warmup)."""
+    configs, later ones winning, else the default), refused before the first run when a budget (given
+    the same ways) derives the steps and the warmup is a count (training.budget.check_budget_warmup)."""
     from attnlab.families.optim import OptimizerConfig
     from attnlab.training.budget import check_budget_warmup, parse_budget
 
     keys = ("warmup_steps", "warmup_ratio")
+    flag = flag_value(passthrough, f"--{BUDGET}")
     for point in spec.grid_points():
-        if point.overrides.get(BUDGET) is None:
-            continue
-        values = {"warmup_steps": OptimizerConfig.warmup_steps, "warmup_ratio": None}
+        values = {"warmup_steps": OptimizerConfig.warmup_steps, "warmup_ratio": None, "budget": None}
         for config in point.configs:
-            optimizer = config_value(yaml.safe_load(config.read_text()), OPTIMIZER) or {}
+            resolved = yaml.safe_load(config.read_text()) or {}
+            optimizer = config_value(resolved, OPTIMIZER) or {}
             values.update({k: optimizer[k] for k in keys if k in optimizer})
+            values["budget"] = config_value(resolved, BUDGET) or values["budget"]
         values.update({k: point.overrides[f"{OPTIMIZER}.{k}"] for k in keys if f"{OPTIMIZER}.{k}" in point.overrides})
+        values["budget"] = yaml.safe_load(flag) if flag is not None else point.overrides.get(BUDGET, values["budget"])
         for key in keys:
-            flag = flag_value(passthrough, f"--{OPTIMIZER}.{key}")
-            if flag is not None:
-                values[key] = yaml.safe_load(flag)
-        check_budget_warmup(parse_budget(point.overrides[BUDGET]), values["warmup_steps"], values["warmup_ratio"],
-                            where=f"{spec.path}: point {point.name}: ")
+            given = flag_value(passthrough, f"--{OPTIMIZER}.{key}")
+            if given is not None:
+                values[key] = yaml.safe_load(given)
+        if values["budget"] is not None:
+            check_budget_warmup(parse_budget(values["budget"]), values["warmup_steps"], values["warmup_ratio"],
+                                where=f"{spec.path}: point {point.name}: ")
 
 
 def visible_gpus() -> list[str]:
