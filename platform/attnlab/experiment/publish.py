@@ -107,8 +107,7 @@ def remark(page: Path) -> Path:
     its columns (format 3) is read by its headers, and its columns renamed for the checkpoint they
     show (validation: the last; evaluations: the best). Its history gains a line saying so."""
     from attnlab.experiment.compute_frontier import ComputeFrontier
-    from attnlab.experiment.report import compare_columns, store_comparisons
-    from attnlab.experiment.significance import adjust
+    from attnlab.experiment.significance import adjust, compare_columns, store_comparisons
     from attnlab.experiment.tables import ColumnMeta, quality_cells, render
 
     data_file = page.with_suffix(".json")

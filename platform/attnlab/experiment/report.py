@@ -21,7 +21,7 @@ from typing import Callable
 from attnlab.errors import AttnlabError
 from attnlab.experiment.provenance import context, read_sweep_record
 from attnlab.experiment.runs import RunRecord, collect_runs
-from attnlab.experiment.significance import Comparison, Row, adjust, compare, example_p
+from attnlab.experiment.significance import adjust, compare_columns, example_p, store_comparisons
 from attnlab.experiment.stats import Summary, summarize
 from attnlab.experiment.tables import QUALITY, ColumnMeta, quality_cells, quality_format, render
 
@@ -142,36 +142,6 @@ def report_rows(points: list[Point], columns: list[Column]) -> list[dict]:
             row[column.header] = entry
         rows.append(row)
     return rows
-
-
-def table_rows(rows: list[dict]) -> list[Row]:
-    return [Row(r["run"], r["seeds"], r.get("reference"), r.get("tuned")) for r in rows]
-
-
-def compare_columns(rows: list[dict], columns: list[ColumnMeta], example_test=None) -> list[tuple[str, str, dict]]:
-    """Each tested column's comparisons, every row against its reference on the per-seed values
-    (raw p until `significance.adjust`), written into the rows' cells."""
-    out = []
-    for column in (c for c in columns if c.tested):
-        values = {r["run"]: r[column.header]["values"] for r in rows if isinstance(r.get(column.header), dict)}
-        test = (lambda metric, row, ref, seed, e=column.evaluation: example_test(e, metric, row, ref, seed)) \
-            if example_test else None
-        comparisons = compare(table_rows(rows), values, column.metric, test)
-        for row in rows:
-            if isinstance(row.get(column.header), dict):
-                row[column.header] = {k: v for k, v in row[column.header].items() if k in ("values", "mean", "std", "n", "ci95")}
-                if row["run"] in comparisons:
-                    row[column.header]["comparison"] = comparisons[row["run"]]
-        out.append((column.evaluation, column.metric, comparisons))
-    return out
-
-
-def store_comparisons(rows: list[dict]) -> None:
-    """The comparisons, adjusted, as JSON in their cells."""
-    for row in rows:
-        for entry in row.values():
-            if isinstance(entry, dict) and isinstance(entry.get("comparison"), Comparison):
-                entry.update(entry.pop("comparison").as_json())
 
 
 def records_example_test(points: list[Point]):

@@ -165,6 +165,40 @@ def adjust(columns: list[tuple[str, str, dict[str, Comparison]]]) -> dict[str, i
     return counts
 
 
+# ---- a report's rows (report.json) ----------------------------------------------------------------
+
+CELL = ("values", "mean", "std", "n", "ci95")  # what a numeric cell holds besides its comparison
+
+
+def compare_columns(rows: list[dict], columns, example_test=None) -> list[tuple[str, str, dict]]:
+    """Each tested column's comparisons (`columns`: tables.ColumnMeta), every row of report.json's
+    `rows` against its reference on the per-seed values, put into the rows' cells (raw p until
+    `adjust`, JSON once `store_comparisons` ran): (evaluation, metric, row -> Comparison) per column.
+    `example_test(evaluation, metric, row, reference, seed)`: the one-shared-seed test, or None."""
+    table = [Row(r["run"], r["seeds"], r.get("reference"), r.get("tuned")) for r in rows]
+    out = []
+    for column in (c for c in columns if c.tested):
+        values = {r["run"]: r[column.header]["values"] for r in rows if isinstance(r.get(column.header), dict)}
+        test = (lambda metric, row, ref, seed, e=column.evaluation: example_test(e, metric, row, ref, seed)) \
+            if example_test else None
+        comparisons = compare(table, values, column.metric, test)
+        for row in rows:
+            if isinstance(row.get(column.header), dict):  # a page's earlier comparison fields go
+                row[column.header] = {k: v for k, v in row[column.header].items() if k in CELL}
+                if row["run"] in comparisons:
+                    row[column.header]["comparison"] = comparisons[row["run"]]
+        out.append((column.evaluation, column.metric, comparisons))
+    return out
+
+
+def store_comparisons(rows: list[dict]) -> None:
+    """The comparisons, adjusted, as JSON in their cells."""
+    for row in rows:
+        for entry in row.values():
+            if isinstance(entry, dict) and isinstance(entry.get("comparison"), Comparison):
+                entry.update(entry.pop("comparison").as_json())
+
+
 # ---- example-level tests on one seed's test examples ------------------------------------------------
 
 def example_p(metric: str, mine: list[dict], theirs: list[dict]) -> tuple[float, str] | str:
