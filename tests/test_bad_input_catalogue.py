@@ -554,6 +554,27 @@ def sweep_budget_not_positive(env):
     return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "budget.tokens=-5", "> 0"]
 
 
+@case
+def sweep_budget_with_a_warmup_in_steps(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nbudget: {flops: 1.0e12}\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "point max_steps=1", "warmup_ratio",
+                                                          "warmup_steps=5"]
+
+
+@case
+def sweep_tune_seed_among_the_evaluation_seeds(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\nseeds: [0, 1, 2]\n"
+                           "tune:\n  trials: 2\n  seed: 1\n  space:\n    model.init_args.optimizer.lr: [0.001, 0.003]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.seed=1", "evaluation seed", "e.g. 1000"]
+
+
+@case
+def sweep_tune_without_the_learning_rate(env):
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n"
+                           "tune:\n  trials: 2\n  space:\n    model.init_args.backbone.dropout: [0.0, 0.1]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.space", "model.init_args.optimizer.lr"]
+
+
 # ---- report ----
 
 def _report_with_damaged_metrics(env, damaged: str | bytes) -> tuple[list, Path]:
@@ -617,6 +638,18 @@ def fit_budget_time_unparsable(env):
 def fit_time_budget_with_the_cosine_schedule(env):
     return env.fit("--run.budget", "{time: '00:01:00:00'}"), [
         "run.budget time='00:01:00:00'", "cosine", "optimizer.schedule"]
+
+
+@case
+def fit_budget_with_a_warmup_in_steps(env):
+    return env.fit("--run.budget", "{epochs: 2}"), ["run.budget epochs 2", "warmup_ratio", "warmup_steps=5"]
+
+
+@case
+def report_remark_without_its_json(env):
+    page = env.tmp / "page.md"
+    page.write_text("# a page\n")
+    return ["report", "--remark", page], ["--remark", str(page.with_suffix(".json")), "attnlab report --publish"]
 
 
 @case
