@@ -169,34 +169,43 @@ def describe(column: ColumnMeta, name: str, c: Comparison) -> str:
     return f"{name}{shown} ({c.why})"
 
 
+def legend(kinds: set[str], counts: dict[str, int], facetted: bool, two_seeds: bool) -> str:
+    """What bold and each mark mean, and which test made them (only the tests the report ran)."""
+    seeds = counts.get("seeds", 0)
+    parts = ["Bold: the reference row each row is tested against, named before the runs (the sweep's "
+             "`reference:`, else its first row" + ("; in each cell of the grid, that base's point of the same "
+                                                    "cell: no test crosses cells" if facetted else "") + ")."]
+    if "seeds" in kinds:
+        parts.append(
+            "Each comparison gives the mean difference (row minus reference, over the seeds both ran) with its "
+            f"95 % t interval (not adjusted for the number of tests). `{MARKS['seeds']}`: significant over "
+            f"training runs: a paired t-test on the per-seed values of the seeds both rows ran (at least "
+            f"{MIN_SEEDS}; df = seeds − 1), p < {ALPHA} two-sided after Holm's correction over the report's "
+            f"{seeds} hypotheses (one per row, evaluation and metric family; nll and bpb are one). Where it is "
+            f"not significant, the smallest difference those seeds could have detected with {POWER * 100:.0f} % "
+            f"power (at α / {seeds}, the level Holm holds the first hypothesis to), so a blank reads as too few "
+            "seeds or too small a difference.")
+    if "examples" in kinds:
+        parts.append(
+            f"`{MARKS['examples']}`: one shared seed, so two single systems: an example-level test on that seed's "
+            f"test examples (its own Holm family of {counts.get('examples', 0)}): these two trained models differ "
+            "on these examples; another training run may not keep the order.")
+    if two_seeds:
+        parts.append(f"Rows that share fewer than {MIN_SEEDS} seeds with their reference get no "
+                     f"`{MARKS['seeds']}`: with two, t(0.975, 1) = 12.7, so only a difference 12.7 standard "
+                     "errors from zero could show.")
+    return " ".join(parts)
+
+
 def significance_words(columns: list[ColumnMeta], rows: list[dict], counts: dict[str, int]) -> list[str]:
-    """The words under the table: what bold and each mark mean and which test made them, then one line
-    per tested column and reference: each row's difference from it, split by what the tests say."""
+    """The words under the table: the legend, then one line per tested column and reference: each
+    row's difference from it, split by what the tests say."""
     tested = [c for c in columns if c.tested and any(comparison(r, c) for r in rows)]
     if not tested:
         return []
     found = [comparison(r, c) for c in tested for r in rows if comparison(r, c)]
-    kinds = {c.test for c in found}
-    facetted = any(row.get("facet") for row in rows)
-    lines = [" ".join(filter(None, [
-        "Bold: the reference row each row is tested against, named before the runs (the sweep's `reference:`, "
-        "else its first row" + ("; in each cell of the grid, that base's point of the same cell: no test crosses "
-                                 "cells" if facetted else "") + ").",
-        f"Each comparison gives the mean difference (row minus reference, over the seeds both ran) with its 95 % t "
-        f"interval (not adjusted for the number of tests). `*`: significant over training runs: a paired t-test on the per-seed values of the seeds both "
-        f"rows ran (at least {MIN_SEEDS}; df = seeds − 1), p < {ALPHA} two-sided after Holm's correction over the "
-        f"report's {counts.get('seeds', 0)} hypotheses (one per row, evaluation and metric family; nll and bpb are "
-        f"one). Where "
-        f"it is not significant, the smallest difference those seeds could have detected with {POWER * 100:.0f} % power "
-        f"(at α / {counts.get('seeds', 0)}, the level Holm holds the first hypothesis to), so a blank reads as too "
-        "few seeds or too small a difference." if "seeds" in kinds else "",
-        f"`{MARKS['examples']}`: one shared seed, so two single systems: an example-level test on that seed's test "
-        f"examples (its own Holm family of {counts.get('examples', 0)}): these two trained models differ on these "
-        "examples; another training run may not keep the order." if "examples" in kinds else "",
-        f"Rows that share fewer than {MIN_SEEDS} seeds with their reference get no `*`: with two, t(0.975, 1) = 12.7, "
-        "so only a difference 12.7 standard errors from zero could show." if any(c.test != "seeds" and c.shared == 2
-                                                                                 for c in found) else "",
-    ])), ""]
+    lines = [legend({c.test for c in found}, counts, any(row.get("facet") for row in rows),
+                    any(c.test != "seeds" and c.shared == 2 for c in found)), ""]
     by_name = {row["run"]: row for row in rows}
     for column in tested:
         references = list(dict.fromkeys(r["reference"] for r in rows if comparison(r, column)))
