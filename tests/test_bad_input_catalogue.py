@@ -513,8 +513,9 @@ def sweep_tune_fewer_than_one_trial(env):
 @case
 def sweep_tune_unknown_parameter(env):
     sweep = env.sweep_file("base: debug.yaml\ngrid:\n  trainer.max_steps: [1, 2]\n"
-                           "tune:\n  trials: 2\n  space:\n    model.init_args.optimizer.lrr: [0.001, 0.003]\n")
-    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.space", "lrr"]
+                           "tune:\n  trials: 2\n  space:\n    model.init_args.optimizer.lr: [0.001, 0.003]\n"
+                           "    model.init_args.backbone.dropoutt: [0.0, 0.1]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs"], [str(sweep), "tune.space", "dropoutt"]
 
 
 @case

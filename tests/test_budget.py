@@ -138,7 +138,7 @@ def test_an_epochs_budget_trains_that_many_passes_over_the_training_tokens(cli, 
     report = cli("report", tmp_path / "debug", "--wandb", "disabled")
     assert report.code == 0, report.err[-3000:]
     page = (tmp_path / "debug" / "report" / "report.md").read_text()
-    assert "Budget: every run trained under a budget of epochs 1.5 (3 optimizer steps)" in page
+    assert "Budget: every run trained to a budget of epochs 1.5 (3 optimizer steps)" in page
     header, _, row = report.out.splitlines()[:3]
     cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")]))
     assert cells["train FLOPs"] == f"{ledger['flops']:.2e}" and cells["epochs"] == f"{ledger['epochs']:.2f}"
