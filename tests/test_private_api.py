@@ -86,8 +86,8 @@ def _in_place_writes_bump_the_version() -> bool:
 
 def _summed_statistics_score_the_corpus() -> bool:
     """attnlab.families.metrics.ChrF sums per-sentence statistics (so DDP ranks add up exactly), and
-    the bootstrap over seeds (attnlab.experiment.significance) sums them with the counts of a
-    resample: both scores must be sacreBLEU's public corpus chrF of those sentences."""
+    the seed-level test (attnlab.experiment.significance.score) sums them over a seed's examples:
+    both scores must be sacreBLEU's public corpus chrF of those sentences."""
     hypotheses, references = ["the cat sat on the mat", "", "a dog"], ["the cat is on the mat", "nothing", "a dog"]
     chrf = CHRF()
     stats = private.get(chrf, "_extract_corpus_statistics")(hypotheses, [references])

@@ -1,6 +1,6 @@
 """Intervals and paired significance in `attnlab report`, against independent references: the
 `sacrebleu` command's own paired bootstrap, an exhaustive sign-flip enumeration, Student's t by hand.
-(The bootstrap over seeds and Holm's correction: test_seed_significance.py.)"""
+(The paired t-test over seeds and Holm's correction: test_seed_significance.py.)"""
 from __future__ import annotations
 
 import csv

@@ -1,9 +1,8 @@
 """Learning curves of a report: validation loss against training epochs and FLOPs, and where a
 non-autoregressive point's curve first drops below an autoregressive one's.
 
-The data-constrained comparison (experiments/lm/data_constrained.yaml) trains every family at one
-FLOPs budget on nested subsets of unique text: an AR model overfits as the epochs pile up, masked
-diffusion (Prabhudesai et al. 2025; Ni et al. 2025) keeps improving, unless the AR model is
+In a data-constrained comparison the same unique text repeats for many epochs: an AR model
+overfits as the epochs pile up, masked diffusion (Prabhudesai et al. 2025; Ni et al. 2025) keeps improving, unless the AR model is
 regularised (Gao et al. 2025). `val/nll` is what both log: the NLL per token for DecoderOnly, the
 NELBO bound per token for BlockDiffusion (an upper bound on its NLL).
 

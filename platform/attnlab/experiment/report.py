@@ -213,10 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("folder", nargs="?", help="a sweep folder (runs/<sweep>) or any folder holding run folders")
     parser.add_argument("--output", help="where to write report.md, report.json and the plots (default: <folder>/report)")
     parser.add_argument("--metric", default="chrf", help="quality metric of the quality-against-parameters plot "
-                                                        "(nll, bpb, bleu, chrf, exact_match; test if measured, else val)")
+                                                        "(nll, bpb, bleu, chrf, exact_match; test if measured, else the last val)")
     parser.add_argument("--facet", metavar="KEY",
                         help="draw the learning curves (val/nll against epochs and FLOPs) in one panel per value of "
-                             "this swept key (default: data.init_args.train_tokens where the points differ in it)")
+                             "this swept key (default: data.init_args.train_tokens, else run.budget, where the points differ in it)")
     parser.add_argument("--publish", metavar="PAGE.md",
                         help="also write a results page for the docs (e.g. docs/results/<name>.md) from report.json, "
                              "with the plots beside it; a page already there keeps its history and gains one line")
