@@ -2,8 +2,8 @@
 non-autoregressive point's curve first drops below an autoregressive one's.
 
 In a data-constrained comparison the same unique text repeats for many epochs: an AR model
-overfits as the epochs pile up, masked diffusion (Prabhudesai et al. 2025; Ni et al. 2025) keeps improving, unless the AR model is
-regularised (Gao et al. 2025). `val/nll` is what both log: the NLL per token for DecoderOnly, the
+overfits as the epochs pile up, masked diffusion (Prabhudesai et al. 2025; Ni et al. 2025) keeps
+improving, unless the AR model is regularised (Gao et al. 2025). `val/nll` is what both log: the NLL per token for DecoderOnly, the
 NELBO bound per token for BlockDiffusion (an upper bound on its NLL).
 
 Each validation row of a fit's metrics.csv is placed at the training epochs and FLOPs the budget

@@ -1,7 +1,8 @@
 """Matched budgets: `run.budget` names what runs hold equal, and each run derives its length from it.
 
 "The same number of steps" is not the same spend: block diffusion's layers see every position
-twice (x_t ⊕ x_0) when there is more than one block, an encoder-decoder also runs its encoder. A budget of one of
+twice (x_t ⊕ x_0) when there is more than one block, an encoder-decoder also runs its encoder.
+A budget of one of
 
     flops: F     training FLOPs (the ledger's counter, attnlab.training.ledger)
     tokens: T    data tokens processed (non-pad source + target tokens of the training batches)

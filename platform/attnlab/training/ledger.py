@@ -3,7 +3,8 @@
 Totals over the whole fit (continued exactly by a resumed run: they are saved in checkpoints):
 
 - flops: training FLOPs, the counter behind train/mfu (`LossTerms.flops`, counted on the shapes
-  each family really runs: block diffusion's x_t ⊕ x_0 (x_t alone for one block, MDLM) and its masked positions, the encoder).
+  each family really runs: block diffusion's x_t ⊕ x_0 (x_t alone for one block, MDLM) and its
+  masked positions, the encoder).
   One optimizer step counts every micro-batch of its gradient accumulation on every rank.
 - tokens: data tokens processed: the non-pad source + target tokens of the training batches,
   before each family frames them (no bos / sep / eos, no block-diffusion copy), so the same data
