@@ -3,8 +3,9 @@
 The test of two single systems (one shared seed) compares them example by example: sacreBLEU's
 paired bootstrap for BLEU / chrF and a paired permutation test for NLL, bits per byte and exact
 match; `stats.seed_test` scores each seed's corpus from the same statistics. So every evaluation
-keeps, for each example of the split: its index, source, reference, hypothesis, NLL in nats and in bits (a bound for block diffusion), target tokens, reference bytes and
-whether it matched exactly. Under DDP every rank's share is gathered and rank zero writes one
+keeps, for each example of the split: its index, source, reference, hypothesis, NLL in nats and
+in bits (a bound for block diffusion), target tokens, reference bytes and whether it matched
+exactly. Under DDP every rank's share is gathered and rank zero writes one
 file in split order.
 """
 from __future__ import annotations
