@@ -11,7 +11,7 @@ CHOICES = {
     "norm_position": ("post", "pre"),
     "norm": ("layernorm", "rmsnorm"),
     "activation": ("relu", "gelu", "swiglu"),
-    "positional": tuple(positional.REGISTRY),  # the encodings' one list (a new encoding registers there)
+    "positional": positional.REGISTRY,  # the encodings' one list, read live (a new encoding registers there)
     "backend": ("sdpa", "math"),
 }
 
