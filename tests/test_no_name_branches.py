@@ -86,7 +86,7 @@ def name_branches(source: str, path: Path) -> list[str]:
 
 
 def test_the_scan_finds_each_kind_of_name_branch_and_passes_what_is_no_branch():
-    """The scan against the branches this issue removed, and against look-alikes that are not branches."""
+    """The scan against the branches this issue removed, and against look-alikes that are not."""
     caught = [
         'if module.family == "block_diffusion": pass',
         'if module.family not in ("decoder_only", "block_diffusion"): pass',
@@ -128,8 +128,9 @@ def test_no_code_outside_its_own_files_branches_on_a_family_or_positional_name()
 
 
 def test_the_positional_choices_are_the_registrys_and_a_bias_is_asked_of_the_class(monkeypatch):
-    """An encoding added to positional.REGISTRY is a choice of `backbone.positional` with no other
-    edit, and whether it adds a score bias (which keeps block diffusion off FlexAttention) is its own."""
+    """An encoding added to positional.REGISTRY is a choice of `backbone.positional` with no
+    other edit, and whether it adds a score bias (which keeps block diffusion off
+    FlexAttention) is its own to say."""
     import pytest
 
     from attnlab.components import BackboneConfig, build_positional

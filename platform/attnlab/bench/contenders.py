@@ -62,8 +62,9 @@ def backbone(shape: BenchShape, options: Options, encodes_source: bool) -> Backb
 
 
 def platform_module(family: str, shape: BenchShape, options: Options):
-    """The registered family `family` at the bench's shapes: the encoder-decoder ones (ed_*) where it
-    encodes a source, else the decoder ones; a family that takes a `block_size` gets the shape's."""
+    """The registered family `family` at the bench's shapes: the encoder-decoder ones (ed_*)
+    where it encodes a source, else the decoder ones; one that takes a `block_size` gets the
+    shape's."""
     cls = FAMILIES[family]
     extra = {"block_size": shape.block_size} if "block_size" in inspect.signature(cls).parameters else {}
     module = cls(backbone=backbone(shape, options, cls.encodes_source), vocab_size=shape.vocab, special_ids=SPECIAL,

@@ -31,7 +31,8 @@ class PositionalEncoding(nn.Module):
 
     @classmethod
     def check_config(cls, cfg: BackboneConfig) -> None:
-        """Refuse, as a ConfigError, a backbone this encoding cannot work with (BackboneConfig's check)."""
+        """Refuse a backbone this encoding cannot work with, as a ConfigError (BackboneConfig
+        asks every encoding it is given)."""
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """Fail clearly before a forward pass that would need more positions than exist."""

@@ -56,7 +56,7 @@ def is_ar(record) -> bool:
 
 
 def nll_is_bound(record) -> bool:
-    """Whether the run's val/nll is an upper bound on its NLL (a NELBO), as its family class says."""
+    """Whether the run's val/nll is an upper bound on its NLL (a NELBO): its family class says."""
     cls = record.family_class()
     return cls is not None and cls.nll_is_bound
 

@@ -40,9 +40,9 @@ def _coerce(cls, value):
 class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     family: str  # the name checkpoints record and the registry (families/registry.py) keys
     # What code outside the family asks of it instead of its name (register_family checks them):
-    autoregressive: bool  # each target token predicted from those before it (the report sets non-AR against AR)
+    autoregressive: bool  # each target token predicted from those before it (the report: AR vs non-AR)
     nll_is_bound: bool  # val/nll is an upper bound on the NLL (a NELBO), not the NLL itself
-    encodes_source: bool  # the source runs through an encoder of its own (the bench's encoder-decoder shapes)
+    encodes_source: bool  # the source runs through an encoder of its own (the bench: encoder-decoder shapes)
     causal_lm = False  # `model(tokens)` gives every position's next-token logits: it can score text
     block_size = 1  # tokens a decoding step settles together (one: token by token)
     compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)

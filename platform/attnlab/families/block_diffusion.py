@@ -362,7 +362,7 @@ class BlockDiffusion(FamilyModule):
     # ---- generation ---------------------------------------------------------------------------------
     @classmethod
     def flops_per_token(cls, model, vocab, source_len, target_len, masked_fraction=0.5):
-        """The layers see x_t ⊕ x_0 (2T tokens); only the masked fraction reaches the output projection."""
+        """The layers see x_t ⊕ x_0 (2T tokens); the masked fraction reaches the projection."""
         return cls.count_flops(model, vocab).step(1, 2 * target_len, masked_fraction * target_len) / target_len
 
     def sample_decodings(self, steps, thresholds, unmasking):

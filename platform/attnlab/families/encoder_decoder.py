@@ -84,7 +84,7 @@ class EncoderDecoder(FamilyModule):
                                 pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=self.decoding_compiled(batch))
 
     def bench_decodings(self, batch, new, beam, eos_id):
-        """Each row's source translated into `new` tokens; the encoder runs inside the timed call."""
+        """Each row's source translated into `new` tokens, the encoder inside the timed call."""
         ids, lengths = self.special, torch.full((len(batch["source"]),), new, device=batch["source"].device)
         common = dict(max_lengths=lengths, bos_id=ids.bos, eos_id=eos_id, pad_id=ids.pad)
 
