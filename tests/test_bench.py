@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.bench.contenders import Options, decoder_tokens, generation_steps, platform_module, schema_batch
-from attnlab.training.flops import family_flops_per_token, linear_params
+from attnlab.bench.contenders import (Options, decoder_tokens, family_flops_per_token, generation_steps,
+                                     platform_module, schema_batch)
+from attnlab.training.flops import linear_params
 from attnlab.bench.references import TorchTranslator, hf_gpt2
 from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import BenchShape

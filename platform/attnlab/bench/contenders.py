@@ -3,6 +3,7 @@ the timer can interleave. Every training step is forward + loss + backward + Ada
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -12,11 +13,7 @@ import torch
 from attnlab.bench.references import TorchTranslator, hf_gpt2
 from attnlab.bench.shapes import BenchShape
 from attnlab.components import BackboneConfig
-from attnlab.families import BlockDiffusion, DecoderOnly, EncoderDecoder
-from attnlab.generation import SamplingConfig
-from attnlab.generation.block_diffusion import sample_blocks
-from attnlab.generation.decoder_only import generate, generate_beam
-from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
+from attnlab.families import FAMILIES, DecoderOnly, EncoderDecoder
 from data_modules.batch import SpecialIds
 
 SPECIAL = SpecialIds()
@@ -52,12 +49,12 @@ def schema_batch(source: torch.Tensor | None, target: torch.Tensor) -> dict:
     }
 
 
-def backbone(shape: BenchShape, options: Options, family: str) -> BackboneConfig:
-    """GPT-2's layout for the decoders (pre-norm, GELU, learned positions); the paper's for the
-    encoder-decoder (post-norm, ReLU, sinusoids), as torch.nn.Transformer is."""
+def backbone(shape: BenchShape, options: Options, encodes_source: bool) -> BackboneConfig:
+    """GPT-2's layout for the decoders (pre-norm, GELU, learned positions); the paper's for a family
+    with an encoder (post-norm, ReLU, sinusoids), as torch.nn.Transformer is."""
     common = dict(d_model=shape.d_model, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, d_ff=shape.d_ff, dropout=0.0,
                   fused_qkv=options.fused_qkv)
-    if family == "encoder_decoder":
+    if encodes_source:
         return BackboneConfig(**common, n_layers=shape.ed_layers, max_positions=4 * shape.ed_len)
     return BackboneConfig(**common, n_layers=shape.n_layers, norm_position="pre", activation="gelu",
                           positional="learned", scale_embeddings=False,
@@ -65,13 +62,36 @@ def backbone(shape: BenchShape, options: Options, family: str) -> BackboneConfig
 
 
 def platform_module(family: str, shape: BenchShape, options: Options):
-    cls = {"decoder_only": DecoderOnly, "encoder_decoder": EncoderDecoder, "block_diffusion": BlockDiffusion}[family]
-    extra = {"block_size": shape.block_size} if family == "block_diffusion" else {}
-    module = cls(backbone=backbone(shape, options, family), vocab_size=shape.vocab, special_ids=SPECIAL,
+    """The registered family `family` at the bench's shapes: the encoder-decoder ones (ed_*)
+    where it encodes a source, else the decoder ones; one that takes a `block_size` gets the
+    shape's."""
+    cls = FAMILIES[family]
+    extra = {"block_size": shape.block_size} if "block_size" in inspect.signature(cls).parameters else {}
+    module = cls(backbone=backbone(shape, options, cls.encodes_source), vocab_size=shape.vocab, special_ids=SPECIAL,
                  compile=options.compile, **extra)
     module.to(options.device)
     module.compile_stacks()  # what a Trainer's setup does: compiles the stacks when asked
     return module
+
+
+def bench_lengths(shape: BenchShape, family: str) -> tuple[int, int]:
+    """(source, target) tokens per row of the family's training rows: ed_len each where it encodes
+    a source, else seq_len decoder tokens and no source."""
+    return (shape.ed_len, shape.ed_len) if FAMILIES[family].encodes_source else (0, shape.seq_len)
+
+
+def family_flops_per_token(family: str, model, vocab: int, source_len: int, target_len: int,
+                           masked_fraction: float = 0.5) -> float:
+    """Training FLOPs per target (sequence) token of the registered family's `model`, as the
+    family counts them (`FamilyModule.flops_per_token`)."""
+    return FAMILIES[family].flops_per_token(model, vocab, source_len, target_len, masked_fraction)
+
+
+def in_bench_order(families) -> list[str]:
+    """The registered families among `families` in registry order, those without an encoder first
+    (they share the decoder rows, drawn first)."""
+    chosen = [name for name in FAMILIES if name in families]
+    return sorted(chosen, key=lambda name: FAMILIES[name].encodes_source)
 
 
 def _train_step(parameters, loss_fn: Callable[[], torch.Tensor], options: Options) -> Callable[[], None]:
@@ -119,39 +139,43 @@ def decoder_tokens(shape: BenchShape, device, generator) -> torch.Tensor:
 
 def training_steps(shape: BenchShape, options: Options, families: list[str], references: bool, hf: bool):
     """{name: step} and {name: tokens per step}; tokens are sequence tokens (decoders) or target
-    tokens (encoder-decoder), never block diffusion's doubled x_t ⊕ x_0."""
+    tokens (a family with an encoder), never block diffusion's doubled x_t ⊕ x_0. The references
+    follow the families of their kind (GPT-2 the decoders, nn.Transformer the encoder-decoders)."""
     generator = torch.Generator().manual_seed(0)
     steps, tokens, modules = {}, {}, {}
     device = options.device
-    if "decoder_only" in families or "block_diffusion" in families:
+    chosen = in_bench_order(families)
+    decoders = [f for f in chosen if not FAMILIES[f].encodes_source]
+    encoders = [f for f in chosen if FAMILIES[f].encodes_source]
+    if decoders:
         rows = decoder_tokens(shape, device, generator)
         batch = schema_batch(None, rows[:, 1:])
-        for family in ("decoder_only", "block_diffusion"):
-            if family in families:
-                modules[family] = platform_module(family, shape, options)
-                steps[family] = platform_train_step(modules[family], batch, options)
-                tokens[family] = rows.numel()
-        if references and hf and "decoder_only" in families:
+        for family in decoders:
+            modules[family] = platform_module(family, shape, options)
+            steps[family] = platform_train_step(modules[family], batch, options)
+            tokens[family] = rows.numel()
+        if references and hf and DecoderOnly.family in decoders:
             steps["hf_gpt2"] = gpt2_train_step(hf_gpt2(shape), rows, options)
             tokens["hf_gpt2"] = rows.numel()
-    if "encoder_decoder" in families:
+    if encoders:
         source = random_pieces(shape.ed_batch, shape.ed_len - 1, shape.vocab, device, generator)
         target = random_pieces(shape.ed_batch, shape.ed_len - 1, shape.vocab, device, generator)
-        modules["encoder_decoder"] = platform_module("encoder_decoder", shape, options)
-        steps["encoder_decoder"] = platform_train_step(modules["encoder_decoder"], schema_batch(source, target), options)
-        tokens["encoder_decoder"] = target.numel() + len(target)  # [bos] target
-        if references:
+        for family in encoders:
+            modules[family] = platform_module(family, shape, options)
+            steps[family] = platform_train_step(modules[family], schema_batch(source, target), options)
+            tokens[family] = target.numel() + len(target)  # [bos] target
+        if references and EncoderDecoder.family in encoders:
             eos, bos = torch.full_like(source[:, :1], SPECIAL.eos), torch.full_like(source[:, :1], SPECIAL.bos)
             steps["torch_transformer"] = translator_train_step(
                 TorchTranslator(shape), torch.cat((source, eos), 1), torch.cat((bos, target), 1),
                 torch.cat((target, eos), 1), options,
             )
-            tokens["torch_transformer"] = tokens["encoder_decoder"]
+            tokens["torch_transformer"] = tokens[EncoderDecoder.family]
     return steps, tokens, modules
 
 
-BLOCK_STEPS = (1, 2, 4)  # block diffusion's calls per block (confidence unmasking); those above block_size are left out
-THRESHOLDS = (0.9, 0.7)  # and its adaptive rows: each call reveals every token at least this probable
+# The references and the family each mirrors (its FLOPs per token are theirs).
+REFERENCE_OF = {"hf_gpt2": DecoderOnly.family, "torch_transformer": EncoderDecoder.family}
 
 
 @dataclass
@@ -173,31 +197,27 @@ class Decoding:
 def generation_steps(shape: BenchShape, options: Options, modules: dict, references: bool, hf: bool, batch: int,
                      new: int | None = None) -> dict[str, Decoding]:
     """{name: Decoding} for `batch` rows of gen_prompt tokens, each continued by `new` tokens
-    (default gen_new): every family's decodings (DecoderOnly greedy and beam, BlockDiffusion with
-    1, 2 and 4 steps per block and with thresholds 0.9 and 0.7, EncoderDecoder greedy and beam),
-    eagerly and with each decoding call compiled (`_compiled` rows; the same tokens), and the references (Hugging Face `generate` greedy and beam, nn.Transformer)."""
+    (default gen_new): every family's `bench_decodings` (DecoderOnly greedy and beam, BlockDiffusion
+    with 1, 2 and 4 steps per block and with thresholds 0.9 and 0.7, EncoderDecoder greedy and
+    beam), eagerly and with each decoding call compiled (`_compiled` rows; the same tokens), and
+    the references (Hugging Face `generate` greedy and beam, nn.Transformer)."""
     generator = torch.Generator().manual_seed(1)
     device, new = options.device, shape.gen_new if new is None else new
     prompts = random_pieces(batch, shape.gen_prompt, shape.vocab, device, generator)
-    prompt_lists = prompts.tolist()
-    greedy, beam = SamplingConfig(), f"beam{shape.gen_beam}"
+    beam = f"beam{shape.gen_beam}"
     out: list[Decoding] = []
-
-    def both(family: str, decoding: str, stack, make: Callable[[bool], Callable[[], None]]):
-        out.append(Decoding(family, decoding, False, make(False), stack))
-        out.append(Decoding(family, decoding, True, make(True), stack))
 
     for module in modules.values():
         module.eval()
-    if "decoder_only" in modules:
-        model = modules["decoder_only"].model
-        both("decoder_only", "greedy", model.stack, lambda compiled: partial(
-            generate, model, prompt_lists, max_new_tokens=new, eos_id=NEVER, pad_id=SPECIAL.pad, sampling=greedy,
-            compiled=compiled))
-        both("decoder_only", beam, model.stack, lambda compiled: partial(
-            generate_beam, model, prompt_lists, max_new_tokens=new, eos_id=NEVER, pad_id=SPECIAL.pad,
-            beam_size=shape.gen_beam, alpha=0.6, compiled=compiled))
-        if references and hf:
+    for family in in_bench_order(modules):
+        module = modules[family]
+        stack = module.decoding_stack()
+        # A decoder's prompt is its source: the schema batch's source column, as in a plain-LM batch.
+        for decoding, make in module.bench_decodings(schema_batch(prompts, prompts[:, :1]), new, shape.gen_beam,
+                                                     NEVER).items():
+            out.append(Decoding(family, decoding, False, make(False), stack))
+            out.append(Decoding(family, decoding, True, make(True), stack))
+        if type(module) is DecoderOnly and references and hf:
             gpt2 = hf_gpt2(shape).to(device).eval()
             attention = torch.ones_like(prompts)
 
@@ -213,34 +233,7 @@ def generation_steps(shape: BenchShape, options: Options, modules: dict, referen
             out.append(Decoding("hf_generate", "greedy", False, hf_generate(), gpt2.transformer))
             out.append(Decoding("hf_generate", beam, False, hf_generate(num_beams=shape.gen_beam, early_stopping=False),
                                 gpt2.transformer))
-    if "block_diffusion" in modules:
-        model, size = modules["block_diffusion"].model, shape.block_size
-        sample = partial(sample_blocks, model, prompt_lists, max_new_tokens=new, block_size=size, eos_id=NEVER,
-                         pad_id=SPECIAL.pad, sampling=greedy)
-        for steps in (s for s in BLOCK_STEPS if s <= size):
-            both("block_diffusion", f"steps{steps}", model.stack, lambda compiled, steps=steps: partial(
-                sample, steps=steps, unmasking="confidence", compiled=compiled))
-        for tau in THRESHOLDS:
-            both("block_diffusion", f"tau{tau}", model.stack, lambda compiled, tau=tau: partial(
-                sample, steps=size, unmasking="threshold", threshold=tau, compiled=compiled))
-    if "encoder_decoder" in modules:
-        module = modules["encoder_decoder"]
-        source = schema_batch(prompts, prompts[:, :1])
-        lengths = torch.full((batch,), new, device=device)
-        common = dict(max_lengths=lengths, bos_id=SPECIAL.bos, eos_id=NEVER, pad_id=SPECIAL.pad)
-
-        def translate(decode, **kwargs):
-            @torch.no_grad()
-            def run():
-                source_tokens, valid, _, _ = module._frame(source)
-                decode(module.model, module.model.encode(source_tokens, valid)[0], **common, **kwargs)
-            return run
-
-        both("encoder_decoder", "greedy", module.model.decoder,
-             lambda compiled: translate(translate_greedy, sampling=greedy, compiled=compiled))
-        both("encoder_decoder", beam, module.model.decoder,
-             lambda compiled: translate(translate_beam, beam_size=shape.gen_beam, alpha=0.6, compiled=compiled))
-        if references and batch <= shape.reference_max_batch:
+        if type(module) is EncoderDecoder and references and batch <= shape.reference_max_batch:
             translator = TorchTranslator(shape).to(device).eval()
             out.append(Decoding("torch_transformer", "greedy", False,
                                 partial(translator.greedy, prompts, SPECIAL.bos, new), translator.transformer.decoder))

@@ -20,12 +20,16 @@ from pathlib import Path
 import torch
 
 from attnlab.bench.contenders import (
+    REFERENCE_OF,
     Options,
+    bench_lengths,
+    family_flops_per_token,
     generation_steps,
     platform_module,
     training_steps,
 )
-from attnlab.training.flops import PEAK_SIZES, family_flops_per_token, matmul_step, table_peak
+from attnlab.families import FAMILIES, DecoderOnly
+from attnlab.training.flops import PEAK_SIZES, matmul_step, table_peak
 from attnlab.training.mfu import precision_dtype
 from attnlab.bench.memory import kv_cache_bytes, peak_bytes
 from attnlab.bench.report import check_targets, format_report
@@ -35,9 +39,7 @@ from attnlab.errors import AttnlabError
 from attnlab.experiment.provenance import commit, context, measured_on
 from attnlab.generation.model_calls import CallCounter
 
-FAMILIES = ("decoder_only", "encoder_decoder", "block_diffusion")
 LIST_FIELDS = ("memory_lengths", "gen_batches")
-REFERENCE_OF = {"hf_gpt2": "decoder_only", "torch_transformer": "encoder_decoder"}
 
 
 def parse_args(argv):
@@ -54,7 +56,7 @@ def parse_args(argv):
                         help="default: bf16-mixed on GPU, 32 on CPU (bf16 matmuls are ~500x slower on AVX2 CPUs)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (the nn.Module, in place)")
     parser.add_argument("--no-fused-qkv", action="store_true", help="separate query and key/value projections")
-    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--only", nargs="+", choices=("train", "generate", "memory"), default=["train", "generate", "memory"])
     parser.add_argument("--no-references", action="store_true", help="the families alone")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2 (no transformers installed)")
@@ -81,7 +83,7 @@ def parse_args(argv):
         parser.error("--warmup must be >= 0 and --rounds >= 1")
     if args.page is not None:
         check_page(args.page)
-    wants_hf = "decoder_only" in args.families and not (args.no_hf or args.no_references)
+    wants_hf = DecoderOnly.family in args.families and not (args.no_hf or args.no_references)
     if wants_hf and importlib.util.find_spec("transformers") is None:
         raise AttnlabError("the GPT-2 reference needs Hugging Face transformers: pip install -e '.[bench]' "
                            "(or pass --no-hf to bench without it)")
@@ -151,11 +153,7 @@ def bench_training(shape, options, args, peaks, say):
     results = {}
     for name, s in seconds.items():
         family = REFERENCE_OF.get(name, name)
-        flops = family_flops_per_token(
-            family, modules[family].model, shape.vocab,
-            shape.ed_len if family == "encoder_decoder" else 0,
-            shape.ed_len if family == "encoder_decoder" else shape.seq_len,
-        )
+        flops = family_flops_per_token(family, modules[family].model, shape.vocab, *bench_lengths(shape, family))
         results[name] = {"seconds_per_step": s, "tokens_per_step": tokens[name],
                          "tokens_per_s": tokens[name] / s, "flops_per_token": flops, "round_seconds": times[name]}
     fastest = max(r["tokens_per_s"] * r["flops_per_token"] for r in results.values())
@@ -271,7 +269,7 @@ def bench_gqa_memory(shape, options, dtype, say):
         if shape.n_heads % n_kv:
             continue
         say(f"GQA memory: n_kv_heads {n_kv}")
-        model = platform_module("decoder_only", replace(shape, n_kv_heads=n_kv), options).model.eval()
+        model = platform_module(DecoderOnly.family, replace(shape, n_kv_heads=n_kv), options).model.eval()
         results[str(n_kv)] = {
             "cache_bytes": kv_cache_bytes(model, batch, tokens), "cache_batch": batch, "cache_tokens": tokens,
             "attention_peak_bytes": peak_bytes(length, shape.d_model, shape.n_heads, "sdpa", options.device, dtype,

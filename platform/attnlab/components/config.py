@@ -4,13 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from attnlab.components import positional
 from attnlab.errors import ConfigError
 
 CHOICES = {
     "norm_position": ("post", "pre"),
     "norm": ("layernorm", "rmsnorm"),
     "activation": ("relu", "gelu", "swiglu"),
-    "positional": ("sinusoidal", "learned", "rope", "alibi", "none"),
+    "positional": positional.REGISTRY,  # the encodings' one list, read live (a new encoding registers there)
     "backend": ("sdpa", "math"),
 }
 
@@ -71,10 +72,7 @@ class BackboneConfig:
                 f"backbone.n_kv_heads={self.n_kv_heads} must divide backbone.n_heads={self.n_heads} "
                 "(n_heads for MHA, a divisor for GQA, 1 for MQA)"
             )
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(
-                f"backbone.positional=rope needs an even head size, but d_model/n_heads={self.head_dim}"
-            )
+        positional.REGISTRY[self.positional].check_config(self)
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"backbone.{name}={getattr(self, name)} must be in [0, 1)")

@@ -4,17 +4,21 @@ They act at three different points, so each implements only the hooks it needs:
   add_to_embeddings  (sinusoidal, learned)  x + P[pos]
   rotary             (rope)                 cos/sin that rotate q and k
   score_bias         (alibi)                a bias added to attention scores
-The attention code never branches on the encoding's name.
+No code branches on the encoding's name: it asks the class (`adds_score_bias`, `max_positions`,
+`check_config`). REGISTRY is the one list of choices `backbone.positional` accepts.
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from attnlab.components.config import BackboneConfig
 from attnlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from attnlab.components.config import BackboneConfig
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
@@ -23,6 +27,12 @@ class PositionalEncoding(nn.Module):
     """No positions (NoPE); the base class every encoding refines."""
 
     max_positions: int | None = None  # positions from 0 up to this (excluded) exist; None: any
+    adds_score_bias = False  # whether `score_bias` returns a bias (kernels that take none cannot run it)
+
+    @classmethod
+    def check_config(cls, cfg: BackboneConfig) -> None:
+        """Refuse a backbone this encoding cannot work with, as a ConfigError (BackboneConfig
+        asks every encoding it is given)."""
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """Fail clearly before a forward pass that would need more positions than exist."""
@@ -75,7 +85,7 @@ class Learned(PositionalEncoding):
             raise ConfigError(
                 f"a sequence needs {n_positions} positions but the learned position table has "
                 f"backbone.max_positions={limit}: raise backbone.max_positions, shorten the "
-                "sequences, or use a positional encoding without a table (sinusoidal, rope, alibi, none)"
+                f"sequences, or use a positional encoding without a table ({', '.join(unbounded())})"
             )
 
     def add_to_embeddings(self, x, positions):
@@ -84,6 +94,11 @@ class Learned(PositionalEncoding):
 
 class Rope(PositionalEncoding):
     """Rotary embeddings (Su et al.): q·k depends on positions only through their difference."""
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.head_dim % 2:
+            raise ConfigError(f"backbone.positional=rope needs an even head size, but d_model/n_heads={cfg.head_dim}")
 
     def __init__(self, cfg: BackboneConfig, base: float = 10000.0):
         super().__init__()
@@ -123,6 +138,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class Alibi(PositionalEncoding):
     """Linear biases: score -= slope_h * |i - j|; nothing is added to the embeddings."""
 
+    adds_score_bias = True
+
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
@@ -141,6 +158,11 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     "alibi": Alibi,
     "none": PositionalEncoding,
 }
+
+
+def unbounded() -> list[str]:
+    """The encodings without a position table (any position exists)."""
+    return [name for name, cls in REGISTRY.items() if cls.max_positions is None]
 
 
 def build_positional(cfg: BackboneConfig) -> PositionalEncoding:

@@ -27,7 +27,6 @@ from attnlab.experiment.stats import summarize
 
 LOSS = "val/nll"
 FACETS = ("data.init_args.train_tokens", "run.budget")  # faceted by default by the first the points differ in
-AR_FAMILIES = {"DecoderOnly", "EncoderDecoder", "decoder_only", "encoder_decoder"}  # class or summary name
 
 
 @dataclass
@@ -46,11 +45,20 @@ class Curve:
     high: list[float] = field(default_factory=list)
     per_seed: dict = field(default_factory=dict)
     bests: dict = field(default_factory=dict)  # seed -> the lowest validation loss
+    bound: bool = False  # val/nll is a bound (drawn dashed), not the NLL
 
 
 def is_ar(record) -> bool:
-    """Autoregressive: each token predicted from the ones before it (val/nll is an NLL, not a bound)."""
-    return record.family in AR_FAMILIES or record.summary.get("family") in AR_FAMILIES
+    """Autoregressive: each token predicted from the ones before it, as the run's family class
+    says; a run whose class cannot be found counts as non-AR."""
+    cls = record.family_class()
+    return cls is not None and cls.autoregressive
+
+
+def nll_is_bound(record) -> bool:
+    """Whether the run's val/nll is an upper bound on its NLL (a NELBO): its family class says."""
+    cls = record.family_class()
+    return cls is not None and cls.nll_is_bound
 
 
 def _interpolate(step: float, known: list[tuple[float, float]]) -> float:
@@ -122,7 +130,8 @@ def build_curves(points, facet: str | None) -> list[Curve]:
     curves = []
     for point in points:
         first = point.first
-        curve = Curve(point.name, first.family, is_ar(first), _facet_value(first.swept.get(facet)) if facet else None)
+        curve = Curve(point.name, first.family, is_ar(first), _facet_value(first.swept.get(facet)) if facet else None,
+                      bound=nll_is_bound(first))
         by_step: dict[int, list[tuple[float, float, float]]] = {}
         for record in point.records:
             seen = evaluations(record)
@@ -272,7 +281,7 @@ def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[P
         for place, c in enumerate(group):  # the same place in each facet, the same colour
             for row, x in enumerate((c.epochs, c.flops)):
                 ax = axes[row][column]
-                line, = ax.plot(x, c.mean, marker=".", label=_label(c.name, facet), linestyle="-" if c.ar else "--",
+                line, = ax.plot(x, c.mean, marker=".", label=_label(c.name, facet), linestyle="--" if c.bound else "-",
                                 color=colors.get(place))
                 colors.setdefault(place, line.get_color())
                 if len(c.bests) > 1:

@@ -39,7 +39,15 @@ class RunRecord:
     facet: str | None = None  # a facetted sweep's grid cell: tests stay within it (done.json)
     tuned: bool | None = None  # a tuned sweep's point: whether the tune stage chose its values (None: no tune stage)
     checkpoints: dict[str, str] = field(default_factory=dict)  # evaluation -> the checkpoint it tested (best, last, averaged)
+    class_path: str | None = None  # config.yaml's model.class_path (None: no config)
     _examples: dict = field(default_factory=dict, repr=False)  # evaluation -> records, read once
+
+    def family_class(self):
+        """The FamilyModule class the run trained, to ask what it is (autoregressive, ...): its
+        model.class_path imported, else summary.json's family in the registry; None if neither."""
+        from attnlab.families.registry import family_class
+
+        return family_class(self.class_path, self.summary.get("family"))
 
     def final(self, key: str) -> float | None:
         """The last logged value of a metric."""
@@ -167,12 +175,21 @@ def last_values(history: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def family_of(folder: Path) -> str:
+def class_path_of(folder: Path) -> str | None:
+    """The run's model.class_path from its config.yaml (None without one)."""
     config = folder / "config.yaml"
     if config.is_file():
         model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
         if isinstance(model, dict) and model.get("class_path"):
-            return str(model["class_path"]).rsplit(".", 1)[-1]
+            return str(model["class_path"])
+    return None
+
+
+def family_of(folder: Path) -> str:
+    """The family column: the model's class name, else summary.json's family."""
+    class_path = class_path_of(folder)
+    if class_path:
+        return class_path.rsplit(".", 1)[-1]
     summary = folder / "summary.json"
     return json.loads(summary.read_text()).get("family", "?") if summary.is_file() else "?"
 
@@ -234,7 +251,7 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
                                seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"),
                                frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"),
                                reference=done.get("reference"), facet=done.get("facet"),
-                               checkpoints=done.get("checkpoints", {}),
+                               checkpoints=done.get("checkpoints", {}), class_path=class_path_of(folder),
                                tuned=None if "tuned" not in done else bool(done["tuned"]))
             summary = folder / "summary.json"
             if summary.is_file():

@@ -56,10 +56,8 @@ def sample_nll(scorer, samples: list[list[int]], bos_id: int, pad_id: int, batch
 def draw(module, n: int, length: int, setting: dict, sampling, seed: int, batch_size: int) -> tuple[list[list[int]], float, float]:
     """(samples of exactly `length` tokens, model calls per batch, seconds) from `[bos]`; eos does
     not stop a sample (it is the line break of the training text), so every sample has the same
-    length. `setting`: a block-diffusion decoding (unmasking, steps, threshold); {} for AR."""
-    from attnlab.generation.block_diffusion import sample_blocks
-    from attnlab.generation.decoder_only import generate
-
+    length. `setting`: one of the family's `sample_decodings` ({} for AR; unmasking, steps and
+    threshold for block diffusion)."""
     ids = module.special
     generator = torch.Generator(device=next(module.model.parameters()).device).manual_seed(seed)
     samples: list[list[int]] = []
@@ -68,10 +66,7 @@ def draw(module, n: int, length: int, setting: dict, sampling, seed: int, batch_
         for first in range(0, n, batch_size):
             prompts = [[ids.bos]] * min(batch_size, n - first)
             common = dict(max_new_tokens=length, eos_id=-1, pad_id=ids.pad, sampling=sampling, generator=generator)
-            if module.family == "block_diffusion":
-                samples += sample_blocks(module.model, prompts, block_size=module.block_size, **setting, **common)
-            else:
-                samples += generate(module.model, prompts, **common)
+            samples += module.continue_ids(prompts, setting, **common)
     seconds = time.perf_counter() - start
     return samples, counter.calls / math.ceil(n / batch_size), seconds
 
@@ -91,17 +86,17 @@ UNMASKINGS = ("first_hitting", "confidence", "random")
 
 
 def decodings(module, steps: list[int], thresholds: list[float], unmasking: str = "first_hitting") -> list[dict]:
-    """The decodings to try: {} for AR; for block diffusion, first-hitting (BD3-LM's sampler, one
-    uniformly chosen position a call: the like-for-like row of its Table 7), or with confidence /
-    random unmasking each requested steps per block that a block allows; then each threshold."""
-    if module.family != "block_diffusion":
-        return [{}]
-    if unmasking == "first_hitting":
-        fixed = [{"unmasking": unmasking, "steps": module.block_size}]
-    else:
-        usable = sorted({s for s in steps if 1 <= s <= module.block_size}) or [module.block_size]
-        fixed = [{"unmasking": unmasking, "steps": s} for s in usable]
-    return fixed + [{"unmasking": "threshold", "steps": module.block_size, "threshold": t} for t in thresholds]
+    """The decodings to try: the family's `sample_decodings` ({} for AR; for block diffusion,
+    first-hitting, BD3-LM's sampler and the like-for-like row of its Table 7, or confidence /
+    random unmasking at each requested steps per block that a block allows; then each threshold)."""
+    return module.sample_decodings(steps, thresholds, unmasking)
+
+
+def _continuing_families() -> str:
+    """The registered families that continue text, for a refusal's words."""
+    from attnlab.families import FAMILIES, FamilyModule
+
+    return " or ".join(cls.__name__ for cls in FAMILIES.values() if cls.continue_ids is not FamilyModule.continue_ids)
 
 
 def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int, steps: list[int],
@@ -110,17 +105,18 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
     from attnlab.checkpoints.reading import load_checkpoint
 
     scorer_module, _ = load_checkpoint(scorer_path)
-    if scorer_module.family != "decoder_only" or not scorer_module.plain_lm:
+    if not scorer_module.causal_lm or not scorer_module.plain_lm:
         raise ConfigError(f"--scorer {scorer_path}: a {scorer_module.family} checkpoint"
-                          f"{'' if scorer_module.plain_lm else ' trained on pairs'}; the scorer must be a DecoderOnly "
-                          "checkpoint trained on plain text (e.g. the lm/compare_families decoder_only run)")
+                          f"{'' if scorer_module.plain_lm else ' trained on pairs'}; the scorer must be a causal "
+                          "language model (DecoderOnly) checkpoint trained on plain text (e.g. the "
+                          "lm/compare_families decoder_only run)")
     scorer = scorer_module.model.to(device).eval()
     modules = []
     for path in checkpoints:
         module, _ = load_checkpoint(path)
-        if module.family not in ("decoder_only", "block_diffusion") or not module.plain_lm:
+        if not decodings(module, steps, thresholds, unmasking) or not module.plain_lm:
             raise ConfigError(f"{path}: a {module.family} checkpoint{'' if module.plain_lm else ' trained on pairs'}; "
-                              "sample-quality draws from DecoderOnly or BlockDiffusion checkpoints trained on plain text")
+                              f"sample-quality draws from {_continuing_families()} checkpoints trained on plain text")
         modules.append((path, module.to(device).eval()))
     rows = []
     for path, module in modules:
@@ -130,8 +126,8 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
             total, count = sample_nll(scorer, scored, scorer_module.special.bos, scorer_module.special.pad, batch_size)
             threshold = setting.get("threshold")
             row = {
-                "checkpoint": str(path), "family": module.family,
-                "block_size": module.block_size if module.family == "block_diffusion" else 1,
+                "checkpoint": str(path), "family": module.family, "autoregressive": module.autoregressive,
+                "block_size": module.block_size,
                 "unmasking": setting.get("unmasking", "autoregressive"),
                 "steps_per_block": None if threshold is not None else setting.get("steps", 1),
                 "threshold": threshold, "nfe": calls,
@@ -146,13 +142,13 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
 
 
 def _label(row: dict) -> str:
-    if row["family"] == "decoder_only":
+    if row["autoregressive"]:
         return "AR"
     return f"BD block {row['block_size']}, {_decoding(row)}"
 
 
 def _decoding(row: dict) -> str:
-    if row["family"] == "decoder_only":
+    if row["autoregressive"]:
         return "one token a call"
     if row["threshold"] is not None:
         return f"threshold {row['threshold']:g}"
@@ -170,7 +166,7 @@ def markdown(rows: list[dict], scorer: Path, measured: dict | None = None) -> st
              "| model | block | decoding | NFE | gen. PPL | entropy | tokens/s |",
              "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        model = "AR" if r["family"] == "decoder_only" else "BD"
+        model = "AR" if r["autoregressive"] else "BD"
         lines.append(f"| {model} | {r['block_size']} | {_decoding(r)} | {r['nfe']:.1f} | {r['gen_ppl']:.1f} | "
                      f"{r['entropy']:.2f} | {r['tokens_per_s']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -186,7 +182,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     for checkpoint in dict.fromkeys(r["checkpoint"] for r in rows):
         mine = [r for r in rows if r["checkpoint"] == checkpoint]
         first = mine[0]
-        if first["family"] == "decoder_only":
+        if first["autoregressive"]:
             name, styles = "AR", (("*", "black"),)
         else:
             name = f"BD block {first['block_size']}" + (" (MDLM)" if first["block_size"] >= first["length"] else "")

@@ -38,7 +38,13 @@ def _coerce(cls, value):
 
 
 class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
-    family: str  # the name checkpoints record ("decoder_only", ...)
+    family: str  # the name checkpoints record and the registry (families/registry.py) keys
+    # What code outside the family asks of it instead of its name (register_family checks them):
+    autoregressive: bool  # each target token predicted from those before it (the report: AR vs non-AR)
+    nll_is_bound: bool  # val/nll is an upper bound on the NLL (a NELBO), not the NLL itself
+    encodes_source: bool  # the source runs through an encoder of its own (the bench: encoder-decoder shapes)
+    causal_lm = False  # `model(tokens)` gives every position's next-token logits: it can score text
+    block_size = 1  # tokens a decoding step settles together (one: token by token)
     compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)
 
     def __init__(
@@ -117,6 +123,38 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         raise ConfigError(f"{type(self).__name__} does not say what a training step costs (expected_flops), "
                           "which a run.budget of flops, tokens or epochs needs")
 
+    # ---- what the FLOPs counter, the bench and sample quality ask of a family ---------------------
+    @classmethod
+    def count_flops(cls, model, vocab: int) -> FlopCounter:
+        """The FlopCounter of this family's network `model`: every position runs through
+        `model.stack` (a family with an encoder passes it too)."""
+        return FlopCounter(model.stack, vocab)
+
+    @classmethod
+    def flops_per_token(cls, model, vocab: int, source_len: int, target_len: int,
+                        masked_fraction: float = 0.5) -> float:
+        """Training FLOPs per target token of one row of `target_len` tokens (after `source_len`
+        source tokens where the family encodes a source), every position projected: the bench's
+        rows, which have no prompt. `masked_fraction`: the share a denoiser projects."""
+        return cls.count_flops(model, vocab).step(1, target_len, target_len) / target_len
+
+    def sample_decodings(self, steps: list[int], thresholds: list[float], unmasking: str) -> list[dict]:
+        """The decodings `continue_ids` takes, for sample quality's sweep over model calls (`steps`
+        per block, adaptive `thresholds`, an `unmasking` rule where the family has them); none: it
+        cannot continue plain text."""
+        return []
+
+    def continue_ids(self, prompts: list[list[int]], setting: dict, **common) -> list[list[int]]:
+        """Continuations of each prompt under one of `sample_decodings`; `common`: the generator's
+        keywords (max_new_tokens, eos_id, pad_id, sampling, generator, compiled)."""
+        raise ConfigError(f"{type(self).__name__} cannot continue text from a prompt")
+
+    def bench_decodings(self, batch: dict, new: int, beam: int, eos_id: int) -> dict:
+        """The bench's decodings: name -> make(compiled) -> a call that generates `new` tokens
+        after each row's source in `batch` (a schema batch; `eos_id` never stops a row), whose
+        model calls `decoding_stack()` counts. Beam rows are named `beam<beam>`."""
+        return {}
+
     def max_output_length(self, source_length):
         """Most tokens to generate: generation.max_new_tokens, else the paper's source length + 50;
         an int, or one budget per row for a tensor of source lengths."""
@@ -130,7 +168,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     def flop_counter(self) -> FlopCounter:
         """Counts each training step's FLOPs (for train/mfu); built from the layer shapes before a
         strategy wraps or shards them (`setup` touches it)."""
-        return FlopCounter(self.family, self.model, self.vocab_size)
+        return type(self).count_flops(self.model, self.vocab_size)
 
     def setup(self, stage: str) -> None:
         self.flop_counter  # noqa: B018 (before FSDP shards the weights it counts)
@@ -147,8 +185,8 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
 
     def check_position_table(self, datamodule) -> None:
         """Fail before training, not at the first generation, when data outgrows the learned table."""
-        if self.backbone.positional != "learned":
-            return
+        if all(stack.positional.max_positions is None for stack in self.attention_stacks().values()):
+            return  # an encoding without a table: any position exists
         limit = self.backbone.max_positions
         needs = [(self.positions_needed(source, target), split, source, target)
                  for split in datamodule.splits for source, target in datamodule.example_lengths(split)]

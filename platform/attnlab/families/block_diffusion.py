@@ -15,11 +15,14 @@ compare with AR's. For converting a DecoderOnly checkpoint, `shift`, `context: c
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from attnlab.errors import ConfigError
 from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
 from attnlab.families.base import FamilyModule
+from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
@@ -53,8 +56,13 @@ def _check_bool(name: str, value) -> bool:
     return value
 
 
+BENCH_STEPS = (1, 2, 4)  # the bench's calls per block (confidence unmasking); those above block_size are left out
+BENCH_THRESHOLDS = (0.9, 0.7)  # and its adaptive rows: each call reveals every token at least this probable
+
+
 class BlockDiffusion(FamilyModule):
     family = "block_diffusion"
+    autoregressive, nll_is_bound, encodes_source = False, True, False
 
     def __init__(
         self,
@@ -352,6 +360,31 @@ class BlockDiffusion(FamilyModule):
         ]
 
     # ---- generation ---------------------------------------------------------------------------------
+    @classmethod
+    def flops_per_token(cls, model, vocab, source_len, target_len, masked_fraction=0.5):
+        """The layers see x_t ⊕ x_0 (2T tokens); the masked fraction reaches the projection."""
+        return cls.count_flops(model, vocab).step(1, 2 * target_len, masked_fraction * target_len) / target_len
+
+    def sample_decodings(self, steps, thresholds, unmasking):
+        """First-hitting (BD3-LM's sampler, one uniformly chosen position a call), or confidence /
+        random unmasking at each of `steps` per block that a block allows; then each threshold."""
+        if unmasking == "first_hitting":
+            fixed = [{"unmasking": unmasking, "steps": self.block_size}]
+        else:
+            usable = sorted({s for s in steps if 1 <= s <= self.block_size}) or [self.block_size]
+            fixed = [{"unmasking": unmasking, "steps": s} for s in usable]
+        return fixed + [{"unmasking": "threshold", "steps": self.block_size, "threshold": t} for t in thresholds]
+
+    def continue_ids(self, prompts, setting, **common):
+        return sample_blocks(self.model, prompts, block_size=self.block_size, **setting, **common)
+
+    def bench_decodings(self, batch, new, beam, eos_id):
+        prompts = batch["source"].tolist()
+        common = dict(max_new_tokens=new, eos_id=eos_id, pad_id=self.special.pad, sampling=SamplingConfig())
+        return {(f"tau{s['threshold']}" if "threshold" in s else f"steps{s['steps']}"):
+                lambda compiled, s=s: partial(self.continue_ids, prompts, s, compiled=compiled, **common)
+                for s in self.sample_decodings(BENCH_STEPS, BENCH_THRESHOLDS, "confidence")}
+
     def positions_needed(self, source_length: int, target_length: int) -> int:
         prefix = 1 if source_length == 0 else source_length + 2
         targets = target_length + (0 if source_length == 0 else 1)

@@ -1,10 +1,13 @@
 """DecoderOnly: the GPT-style family as a LightningModule."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
 from attnlab.families.base import FamilyModule
+from attnlab.generation import SamplingConfig
 from attnlab.generation.decoder_only import generate, generate_beam
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target, prompts_of
@@ -15,6 +18,7 @@ class DecoderOnly(FamilyModule):
     """Trains on `[bos] source [sep] target [eos]` with loss on the target (all tokens for plain LM)."""
 
     family = "decoder_only"
+    autoregressive, nll_is_bound, encodes_source, causal_lm = True, False, False, True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -51,6 +55,21 @@ class DecoderOnly(FamilyModule):
                                  beam_size=cfg.beam_size, alpha=cfg.length_penalty, compiled=self.decoding_compiled(batch))
         return generate(self.model, prompts, max_new_tokens=max_new, eos_id=ids.eos, pad_id=ids.pad, sampling=cfg,
                         compiled=self.decoding_compiled(batch))
+
+    def sample_decodings(self, steps, thresholds, unmasking):
+        return [{}]  # one token a call
+
+    def continue_ids(self, prompts, setting, **common):
+        return generate(self.model, prompts, **setting, **common)
+
+    def bench_decodings(self, batch, new, beam, eos_id):
+        prompts, common = batch["source"].tolist(), dict(max_new_tokens=new, eos_id=eos_id, pad_id=self.special.pad)
+        return {
+            "greedy": lambda compiled: partial(self.continue_ids, prompts, {}, sampling=SamplingConfig(),
+                                               compiled=compiled, **common),
+            f"beam{beam}": lambda compiled: partial(generate_beam, self.model, prompts, beam_size=beam, alpha=0.6,
+                                                    compiled=compiled, **common),
+        }
 
     def attention_stacks(self):
         return {"decoder": self.model.stack}

@@ -6,10 +6,12 @@ import torch
 from attnlab.errors import ConfigError
 from attnlab.families.attention_map import AttentionMap, layer_weights, token_labels
 from attnlab.families.base import FamilyModule
+from attnlab.generation import SamplingConfig
 from attnlab.generation.encoder_decoder import translate_beam, translate_greedy
 from attnlab.models.encoder_decoder import EncoderDecoderModel
 from attnlab.models.framing import IGNORE, frame_source_target, is_plain_lm, prompts_of
 from attnlab.models.losses import LossTerms, target_losses
+from attnlab.training.flops import FlopCounter
 
 
 class EncoderDecoder(FamilyModule):
@@ -20,6 +22,7 @@ class EncoderDecoder(FamilyModule):
     """
 
     family = "encoder_decoder"
+    autoregressive, nll_is_bound, encodes_source = True, False, True
 
     def __init__(self, *args, n_encoder_layers: int | None = None, share_embeddings: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -50,6 +53,15 @@ class EncoderDecoder(FamilyModule):
         return self.flop_counter.step(*decoder_in.shape, projected=int((labels != IGNORE).sum()),
                                       source_length=source.shape[1])
 
+    @classmethod
+    def count_flops(cls, model, vocab):
+        return FlopCounter(model.decoder, vocab, encoder=model.encoder)
+
+    @classmethod
+    def flops_per_token(cls, model, vocab, source_len, target_len, masked_fraction=0.5):
+        """The encoder's work spread over the target tokens."""
+        return cls.count_flops(model, vocab).step(1, target_len, target_len, source_len) / target_len
+
     def positions_needed(self, source_length: int, target_length: int) -> int:
         return max(source_length + 1, target_length + 1, self.max_output_length(source_length))
 
@@ -70,6 +82,23 @@ class EncoderDecoder(FamilyModule):
                                   compiled=self.decoding_compiled(batch))
         return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
                                 pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=self.decoding_compiled(batch))
+
+    def bench_decodings(self, batch, new, beam, eos_id):
+        """Each row's source translated into `new` tokens, the encoder inside the timed call."""
+        ids, lengths = self.special, torch.full((len(batch["source"]),), new, device=batch["source"].device)
+        common = dict(max_lengths=lengths, bos_id=ids.bos, eos_id=eos_id, pad_id=ids.pad)
+
+        def translate(decode, **kwargs):
+            @torch.no_grad()
+            def run():
+                source, valid, _, _ = self._frame(batch)
+                decode(self.model, self.model.encode(source, valid)[0], **common, **kwargs)
+            return run
+
+        return {
+            "greedy": lambda compiled: translate(translate_greedy, sampling=SamplingConfig(), compiled=compiled),
+            f"beam{beam}": lambda compiled: translate(translate_beam, beam_size=beam, alpha=0.6, compiled=compiled),
+        }
 
     def attention_stacks(self):
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}

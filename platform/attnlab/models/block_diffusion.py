@@ -56,7 +56,7 @@ class BlockDiffusionModel(nn.Module):
             return self.mask_backend == "flex"
         cfg = self.stack.cfg
         no_dropout = not (self.training and cfg.attention_dropout)
-        return tokens.is_cuda and cfg.positional != "alibi" and cfg.backend == "sdpa" and no_dropout
+        return tokens.is_cuda and not self.stack.positional.adds_score_bias and cfg.backend == "sdpa" and no_dropout
 
     def denoise(self, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None):
         """Hidden states (B, Ln, d) that predict the noisy tokens, given the clean sequence: the

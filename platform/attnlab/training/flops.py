@@ -91,44 +91,26 @@ class FlopCounter:
 
     Per position through the layers 6·N (N: their matmul weights); per query-key pair 12·d per
     layer (scores and values, dense: masks do not halve it); per position reaching the output
-    projection 6·V·d. encoder_decoder: the encoder runs on the source, and the cross-attention
-    key/value projections too; block_diffusion's layers see x_t ⊕ x_0 as one sequence.
+    projection 6·V·d. `decoder`: the stack every target position runs through; `encoder`: a stack
+    that runs on the source, where the decoder's cross-attention key/value projections run too.
+    Which shapes a family's step runs is the family's to say (`FamilyModule.count_flops`,
+    `flops_per_token`; block diffusion's layers see x_t ⊕ x_0 as one sequence).
     Counted on the padded shapes the kernels run on, so it equals torch's FlopCounterMode.
     """
 
-    def __init__(self, family: str, model: nn.Module, vocab: int):
-        if family not in ("decoder_only", "block_diffusion", "encoder_decoder"):
-            raise ValueError(f"unknown family {family!r}")
-        self.family = family
-        decoder = model.decoder if family == "encoder_decoder" else model.stack
+    def __init__(self, decoder: nn.Module, vocab: int, encoder: nn.Module | None = None):
         self.d, self.vocab = decoder.cfg.d_model, vocab
         self.decoder_layers, self.decoder_params = len(decoder.layers), linear_params(decoder.layers)
-        self.cross_kv_params = cross_kv_params(decoder) if family == "encoder_decoder" else 0
-        encoder = model.encoder if family == "encoder_decoder" else None
+        self.cross_kv_params = cross_kv_params(decoder)  # 0 without cross-attention
         self.encoder_layers = len(encoder.layers) if encoder is not None else 0
         self.encoder_params = linear_params(encoder.layers) if encoder is not None else 0
 
     def step(self, rows: int, length: int, projected: int, source_length: int = 0) -> float:
         """rows × length positions through the (decoder) layers, `projected` of them through the
-        output projection; `source_length`: the encoder's padded source (encoder_decoder)."""
+        output projection; `source_length`: the encoder's padded source (0 without an encoder)."""
         d, source = self.d, source_length
         flops = (6 * (self.decoder_params - self.cross_kv_params) * length
                  + 12 * self.decoder_layers * d * length * (length + source))
         flops += (6 * self.encoder_params + 6 * self.cross_kv_params) * source
         flops += 12 * self.encoder_layers * d * source * source
         return rows * flops + 6 * self.vocab * d * projected
-
-
-def family_flops_per_token(family: str, model: nn.Module, vocab: int, source_len: int, target_len: int,
-                           masked_fraction: float = 0.5) -> float:
-    """Training FLOPs per target (sequence) token of one of the platform's models.
-
-    encoder_decoder: encoder work is spread over the target tokens; block_diffusion: the layers
-    see x_t ⊕ x_0 (2T tokens) and only the masked fraction reaches the output projection;
-    decoder_only: every position is projected (the bench's shapes have no prompt).
-    """
-    counter = FlopCounter(family, model, vocab)
-    if family == "block_diffusion":
-        return counter.step(1, 2 * target_len, masked_fraction * target_len) / target_len
-    source = source_len if family == "encoder_decoder" else 0
-    return counter.step(1, target_len, target_len, source) / target_len
