@@ -93,7 +93,7 @@ class NumberWordsDataModule(TokenizedDataModule):
         n_test: int = 1000,
         max_number: int = MAX_NUMBER,
         vocab_size: int = 400,
-        tokenizer_type: str = "bpe",  # on this corpus: 8x faster to train than unigram, shorter pieces
+        tokenizer_type: str = "bpe",  # on this corpus: quicker to train than unigram, shorter pieces
         **kwargs,  # batch_size, eval_batch_size, num_workers, cache_dir, max_eval_examples
     ):
         super().__init__(

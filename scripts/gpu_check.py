@@ -75,7 +75,7 @@ def bench_row(args, out: Path) -> list:
 
 
 def final_loss(run_dir: Path) -> float:
-    from attnlab.experiment.runs import last_values, read_metrics
+    from attnlab.reports.runs import last_values, read_metrics
 
     return last_values(read_metrics(run_dir / "metrics.csv"))["train/loss"]
 

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnlab.experiment.stats import MIN_SEEDS, holm, paired_t
+from attnlab.reports.stats import MIN_SEEDS, holm, paired_t
 
 ROWS = ["decoder_only", "block_diffusion_4_from_mdlm", "block_diffusion_8_from_mdlm", "block_diffusion_16_from_mdlm", "mdlm"]
 COLUMN = "test bpb (best)"

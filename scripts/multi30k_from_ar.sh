@@ -29,7 +29,7 @@ AR=$ROOT/decoder_only/$AR_VERSION
 BD=$ROOT/block_diffusion_from_ar/epoch$K
 D=(--data.init_args.data_dir "$DATA" --run.wandb disabled)
 mkdir -p "$ROOT"
-[ -f "$ROOT/recipe.json" ] || python -c 'import json, sys; from attnlab.experiment.provenance import context
+[ -f "$ROOT/recipe.json" ] || python -c 'import json, sys; from attnlab.reports.provenance import context
 print(json.dumps(context(" ".join(sys.argv[1:])), indent=1))' scripts/multi30k_from_ar.sh "$@" > "$ROOT/recipe.json"  # command, machine, commit for the table
 
 if [ ! -f "$AR/summary.json" ]; then

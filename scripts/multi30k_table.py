@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from attnlab.experiment.provenance import measured_on
-from attnlab.experiment.runs import last_values, read_metrics
-from attnlab.experiment.stats import sacrebleu_paired_p
+from attnlab.reports.provenance import measured_on
+from attnlab.reports.runs import last_values, read_metrics
+from attnlab.reports.stats import sacrebleu_paired_p
 from attnlab.training.per_example import read_examples
 
 # The goal of issue 32 for block diffusion, at eval batch 1 against DecoderOnly greedy.

@@ -195,7 +195,7 @@ def in_process_runs():
     (--devices) take turns, each with its CUDA_VISIBLE_DEVICES and log file."""
     import threading
 
-    from attnlab.experiment.sweep import SweepRunner
+    from attnlab.sweeps.sweep import SweepRunner
 
     turn = threading.Lock()
     run_point = SweepRunner.run_point
@@ -266,7 +266,7 @@ def debug_fit_args(root: Path, *extra, version: str = "v1") -> list[str]:
 
 
 # The session's shared tiny runs (see trained_run): each fits once, and tests only read them.
-MAPS_RUN = ("--trainer.callbacks+=attnlab.experiment.attention_maps.AttentionMaps", "--run.tensorboard", "true")
+MAPS_RUN = ("--trainer.callbacks+=attnlab.probes.attention_maps.AttentionMaps", "--run.tensorboard", "true")
 ORACLE_RUN = ("--model.class_path", "conftest.Oracle", "--run.tensorboard", "true")
 
 

@@ -10,7 +10,7 @@ import torch
 from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.components.attention import math_attention
 from attnlab.components.positional import apply_rotary
-from attnlab.experiment.attention_maps import AttentionMaps, render_checkpoint
+from attnlab.probes.attention_maps import AttentionMaps, render_checkpoint
 from conftest import MAPS_RUN, png_size, run_main
 from data_modules.batch import Example, collate
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.experiment.runs import collect_runs
+from attnlab.reports.runs import collect_runs
 from attnlab.training import mfu as mfu_module
 from attnlab.training.ledger import BudgetLedger, length_batch
 from conftest import DEBUG_YAML, FAST_TRAINER, debug_fit_args, read_metrics
@@ -183,7 +183,8 @@ def test_a_time_budget_is_lightnings_max_time(cli, tmp_path):
 
 
 def test_a_sweeps_budget_becomes_every_points_run_budget(tmp_path):
-    from attnlab.experiment.spec import as_cli_args, load_sweep
+    from attnlab.sweeps.arguments import as_cli_args
+    from attnlab.sweeps.spec import load_sweep
 
     (tmp_path / "debug.yaml").write_text(DEBUG_YAML.read_text(encoding="utf-8"), encoding="utf-8")
     sweep = tmp_path / "sweep.yaml"
@@ -229,8 +230,8 @@ def test_a_budget_refuses_a_warmup_counted_in_steps_before_any_run(cli, tmp_path
     assert ("run.budget epochs 2 derives each run's optimizer steps, so warmup must be a share of them: set "
             "model.init_args.optimizer.warmup_ratio (e.g. 0.1) instead of warmup_steps=5") in result.err
     from attnlab.errors import ConfigError
-    from attnlab.experiment.spec import load_sweep
-    from attnlab.experiment.sweep import check_warmups
+    from attnlab.sweeps.spec import load_sweep
+    from attnlab.sweeps.sweep import check_warmups
 
     (tmp_path / "debug.yaml").write_text(DEBUG_YAML.read_text(encoding="utf-8"), encoding="utf-8")
     sweep = tmp_path / "sweep.yaml"

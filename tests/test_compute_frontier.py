@@ -57,7 +57,7 @@ def _write_sweep(root: Path) -> Path:
 
 
 def test_crossing_is_interpolated_in_log_compute_between_the_last_budget_above_and_the_next():
-    from attnlab.experiment.compute_frontier import crossing
+    from attnlab.reports.compute_frontier import crossing
 
     assert crossing([1e9, 4e9, 1.6e10], [0.5, 0.1, -0.3]) == pytest.approx(4e9 * 4 ** 0.25)
     assert crossing([1e9, 4e9, 1.6e10], [-0.1, 0.1, -0.3]) == pytest.approx(4e9 * 4 ** 0.25)  # an early dip does not count
@@ -68,7 +68,7 @@ def test_crossing_is_interpolated_in_log_compute_between_the_last_budget_above_a
 def test_the_report_reads_each_contenders_frontier_tests_each_budget_and_states_the_crossover(tmp_path):
     from scipy import stats
 
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     sweep = _write_sweep(tmp_path)
     assert report_main([str(sweep), "--wandb", "disabled"]) == 0
@@ -114,7 +114,7 @@ def test_the_report_reads_each_contenders_frontier_tests_each_budget_and_states_
 
 
 def test_a_contender_that_never_drops_below_says_none_in_the_range():
-    from attnlab.experiment.compute_frontier import ComputeFrontier
+    from attnlab.reports.compute_frontier import ComputeFrontier
 
     data = {"kind": "flops", "contenders": [
         {"name": "ar", "family": "DecoderOnly", "ar": True,
@@ -129,7 +129,7 @@ def test_a_contender_that_never_drops_below_says_none_in_the_range():
 
 
 def test_a_seed_below_at_every_budget_crosses_somewhere_below_the_range_and_gives_no_interval():
-    from attnlab.experiment.compute_frontier import ComputeFrontier
+    from attnlab.reports.compute_frontier import ComputeFrontier
 
     def rungs(best):
         return [{"budget": b, "seeds": [0, 1, 2], "best": v, "test": v, "epochs": [1, 1, 1]} for b, v in zip(BUDGETS, best)]

@@ -169,7 +169,7 @@ def test_the_shipped_sweeps_are_found():
 def test_no_two_shipped_sweeps_share_a_run_folder():
     """lm/compare_families.yaml and compare_families.yaml must not both write runs/compare_families
     (a sweep skips the points it finds done there)."""
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     names = {_id(p): load_sweep(p).name for p in SWEEPS}
     assert len(set(names.values())) == len(names), names
@@ -181,7 +181,8 @@ def test_no_two_shipped_sweeps_share_a_run_folder():
 def test_sweep_points_parse_as_experiments(path, tmp_path):
     """Every grid point's overrides name real config keys with values of the right type
     (parsed by the CLI, not instantiated: no data or training needed)."""
-    from attnlab.experiment.spec import as_cli_args, evaluation_checkpoint, load_sweep
+    from attnlab.sweeps.arguments import as_cli_args
+    from attnlab.sweeps.spec import evaluation_checkpoint, load_sweep
 
     spec = load_sweep(path)
     for point in spec.grid_points():

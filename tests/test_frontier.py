@@ -33,7 +33,7 @@ def _sweep_file(folder, **extra):
 
 
 def test_a_frontier_is_one_evaluation_per_decoding_and_batch_size_for_its_point_only(tmp_path):
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     spec = load_sweep(_sweep_file(tmp_path))
     ar, bd = spec.grid_points()
@@ -65,7 +65,7 @@ def test_a_frontier_is_one_evaluation_per_decoding_and_batch_size_for_its_point_
 ])
 def test_bad_frontiers_name_the_field(tmp_path, frontier, expected):
     from attnlab.errors import ConfigError
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     _bases(tmp_path)
     path = tmp_path / "bad.yaml"
@@ -77,7 +77,7 @@ def test_bad_frontiers_name_the_field(tmp_path, frontier, expected):
 
 def test_an_evaluate_entry_for_an_unknown_point_is_refused(tmp_path):
     from attnlab.errors import ConfigError
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     with pytest.raises(ConfigError, match=r"evaluate.b1.points must be a non-empty list of the sweep's points \(ar, bd\)"):
         load_sweep(_sweep_file(tmp_path, evaluate={"b1": {"points": ["decoder_only"]}}))
@@ -86,7 +86,7 @@ def test_an_evaluate_entry_for_an_unknown_point_is_refused(tmp_path):
 
 
 def test_a_decoding_name_two_points_share_with_the_same_overrides_is_one_evaluation_for_both(tmp_path):
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     _bases(tmp_path)
     path = tmp_path / "shared.yaml"
@@ -133,7 +133,7 @@ def _write_bd(root, seed, fast1, fast4, same1):
 
 
 def test_the_report_tabulates_speed_ratios_tests_quality_against_the_reference_and_plots(tmp_path):
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     for seed, (ar1, ar4, fast1, fast4, same1) in enumerate([(100, 1000, 300, 800, 105), (110, 1100, 310, 820, 108),
                                                             (105, 1050, 305, 810, 106.5)]):
@@ -160,7 +160,7 @@ def test_the_report_tabulates_speed_ratios_tests_quality_against_the_reference_a
 
 
 def test_a_frontier_whose_reference_never_finished_says_so(tmp_path):
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     _write_bd(tmp_path, 0, 300, 800, 105)
     assert report_main([str(tmp_path), "--wandb", "disabled"]) == 0

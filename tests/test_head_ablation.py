@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
-from attnlab.experiment.head_ablation import ablate, apply_mask, attention_modules, evaluate, make_batches
+from attnlab.probes.head_ablation import ablate, apply_mask, attention_modules, evaluate, make_batches
 from conftest import MAPS_RUN, png_size
 from data_modules.batch import Example
 

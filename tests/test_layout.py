@@ -17,11 +17,43 @@ def test_the_package_root_holds_only_its_face_the_entry_point_and_the_errors():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py"]
 
 
-def test_the_docs_layout_names_every_file_of_the_package():
-    layout = (PACKAGE.parents[1] / "docs" / "guides" / "layout.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"[\w]+\.py", layout))
-    files = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+def layout_paths(text: str) -> set[str]:
+    """The file paths the tree of docs/guides/layout.md names: a line's leading names (`x/` a
+    folder, `y.py` a file, several on one line) sit under the nearest less-indented folder."""
+    block = text.split("```", 2)[1]
+    paths, folders = set(), []  # folders: (indent, name) from the root down
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        names = []
+        for word in line.split():
+            if not re.fullmatch(r"[\w./]+/|[\w.]+\.py", word):
+                break
+            names.append(word)
+        if not names:
+            continue
+        folders = [(i, f) for i, f in folders if i < indent]
+        where = "".join(f for _, f in folders)
+        paths |= {where + n for n in names if n.endswith(".py")}
+        folders += [(indent, n) for n in names if n.endswith("/")][:1]
+    return paths
+
+
+def test_the_docs_layout_names_every_file_of_both_packages_by_its_path():
+    """By path, not base name: three families each have a decoder_only.py (families/, models/,
+    generation/), and a file named under the wrong folder, or one that is gone, fails."""
+    root = PACKAGE.parents[1]
+    named = layout_paths((root / "docs" / "guides" / "layout.md").read_text(encoding="utf-8"))
+    every = {str(p.relative_to(root)) for folder in (PACKAGE, root / "data_modules") for p in folder.rglob("*.py")}
+    files = {p for p in every if not p.endswith("__init__.py")}
+    assert len(files) > 90
     assert not files - named, f"files docs/guides/layout.md does not name: {sorted(files - named)}"
+    gone = {p for p in named if p.startswith(("platform/", "data_modules/"))} - every
+    assert not gone, f"docs/guides/layout.md names files that do not exist: {sorted(gone)}"
+
+
+def test_the_layout_reader_places_a_file_under_its_folder():
+    text = "```\na/   one\n  b.py c.py   two\n  d/\n    b.py   three\n  e.py\nf.py\n```"
+    assert layout_paths(text) == {"a/b.py", "a/c.py", "a/d/b.py", "a/e.py", "f.py"}
 
 
 def test_data_modules_is_the_base_and_imports_nothing_from_attnlab():
@@ -70,6 +102,7 @@ def test_a_family_that_leaves_out_part_of_the_contract_cannot_be_built():
 @pytest.mark.parametrize("old,new,name", [
     ("attnlab.modules", "attnlab.families", "DecoderOnly"),
     ("attnlab.averaging", "attnlab.checkpoints.averaging", "CheckpointAveraging"),
+    ("attnlab.experiment.attention_maps", "attnlab.probes.attention_maps", "AttentionMaps"),
 ])
 def test_module_paths_of_earlier_releases_still_resolve(old, new, name):
     assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)

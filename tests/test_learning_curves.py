@@ -48,7 +48,7 @@ def _write_sweep(root: Path) -> Path:
 
 
 def test_crossover_is_where_the_curve_goes_below_the_interpolated_reference_for_good():
-    from attnlab.experiment.curves import crossover
+    from attnlab.reports.curves import crossover
 
     ar_x, ar_y = [5, 10, 15, 20], [3.1, 2.6, 2.9, 3.3]
     # 4.5 is before AR's first evaluation (skipped, not extrapolated); at 9 AR is 3.1 - 0.5 * 4 / 5 = 2.7
@@ -62,7 +62,7 @@ def test_crossover_is_where_the_curve_goes_below_the_interpolated_reference_for_
 
 
 def test_the_report_draws_curves_per_data_size_and_says_where_diffusion_crosses(tmp_path):
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     sweep = _write_sweep(tmp_path)
     assert report_main([str(sweep), "--wandb", "disabled"]) == 0
@@ -87,9 +87,9 @@ def test_the_report_draws_curves_per_data_size_and_says_where_diffusion_crosses(
 
 
 def test_epochs_and_flops_of_a_validation_come_from_the_ledger_at_its_step(tmp_path):
-    from attnlab.experiment.curves import build_curves, facet_key
-    from attnlab.experiment.report import group_points
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.curves import build_curves, facet_key
+    from attnlab.reports.report import group_points
+    from attnlab.reports.runs import collect_runs
 
     points = group_points(collect_runs(_write_sweep(tmp_path)))
     facet = facet_key(points)
@@ -108,7 +108,7 @@ def test_epochs_and_flops_of_a_validation_come_from_the_ledger_at_its_step(tmp_p
 
 def test_a_facet_key_no_run_sweeps_is_one_error_naming_the_swept_keys(tmp_path):
     from attnlab.errors import AttnlabError
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     sweep = _write_sweep(tmp_path)
     with pytest.raises(AttnlabError, match=f"--facet model.init_args.block_size: no run sweeps that key; swept keys: {TRAIN_TOKENS}"):
@@ -121,7 +121,7 @@ def test_a_run_started_from_another_network_begins_at_its_inherited_cost():
     the inherited FLOPs before its first step and ends at its own last step."""
     from types import SimpleNamespace
 
-    from attnlab.experiment.curves import ledger_at
+    from attnlab.reports.curves import ledger_at
 
     summary = {"steps": 500 + 100, "ledger": {"flops": 7.0, "epochs": 1.2, "unique_tokens": 1000,
                                               "inherited": {"steps": 500, "flops": 5.0, "tokens": 1000}}}

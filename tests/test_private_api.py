@@ -86,7 +86,7 @@ def _in_place_writes_bump_the_version() -> bool:
 
 def _summed_statistics_score_the_corpus() -> bool:
     """attnlab.families.metrics.ChrF sums per-sentence statistics (so DDP ranks add up exactly), and
-    the seed-level test (attnlab.experiment.significance.score) sums them over a seed's examples:
+    the seed-level test (attnlab.reports.significance.score) sums them over a seed's examples:
     both scores must be sacreBLEU's public corpus chrF of those sentences."""
     hypotheses, references = ["the cat sat on the mat", "", "a dog"], ["the cat is on the mat", "nothing", "a dog"]
     chrf = CHRF()

@@ -32,13 +32,13 @@ def _sweep(root: Path, share: float = 0.2) -> Path:
 
 def _publish(sweep: Path, page: Path) -> None:
     """Report and publish from the current folder, with relative paths as a user types them."""
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     assert report_main([os.path.relpath(sweep), "--wandb", "disabled", "--publish", os.path.relpath(page)]) == 0
 
 
 def test_a_page_rendered_from_the_fixture_json_equals_the_committed_page():
-    from attnlab.experiment.publish import render_page
+    from attnlab.reports.publish import render_page
 
     report = json.loads((FIXTURE / "demo.json").read_text(encoding="utf-8"))
     assert render_page(report, "demo") == (FIXTURE / "demo.md").read_text(encoding="utf-8")
@@ -91,7 +91,7 @@ def test_a_page_path_without_md_is_one_clear_error(tmp_path, cli):
 
 def test_the_committed_results_pages_are_their_json_rendered():
     """Every generated page under docs/results/ is still exactly what its JSON renders (nobody edited it)."""
-    from attnlab.experiment.publish import render_page
+    from attnlab.reports.publish import render_page
 
     results = Path(__file__).parents[1] / "docs" / "results"
     generated = [p for p in sorted(results.glob("*.json")) if (p.with_suffix(".md")).is_file()]
@@ -213,7 +213,7 @@ def test_remark_recomputes_a_pages_marks_and_words_from_its_json_alone(tmp_path,
     three seeds gave it) gets today's marks from its per-seed values, with no run at hand; so does
     a page in the format before report.json listed its columns, whose columns are then named for
     the checkpoint they show; each gains one history line saying so."""
-    from attnlab.experiment.publish import remark
+    from attnlab.reports.publish import remark
 
     monkeypatch.chdir(tmp_path)
     page = tmp_path / "demo.md"
@@ -292,7 +292,7 @@ def test_the_commit_a_page_names_changes_with_the_code_not_with_the_docs(tmp_pat
     (docs/, markdown) is no such change."""
     import subprocess
 
-    from attnlab.experiment.provenance import commit
+    from attnlab.reports.provenance import commit
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import BackboneConfig
-from attnlab.experiment.sample_quality import draw, sample_nll, unigram_entropy
+from attnlab.probes.sample_quality import draw, sample_nll, unigram_entropy
 from attnlab.generation.sampling import SamplingConfig
 from attnlab.models.decoder_only import DecoderOnlyModel
 from conftest import DEBUG_YAML, FAST_TRAINER, run_main

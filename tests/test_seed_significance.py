@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab.experiment import significance
-from attnlab.experiment.significance import Comparison, Row, adjust, compare
-from attnlab.experiment.stats import ALPHA, detectable_difference, holm, seed_test
-from attnlab.experiment.tables import ColumnMeta, describe
+from attnlab.reports import significance
+from attnlab.reports.significance import Comparison, Row, adjust, compare
+from attnlab.reports.stats import ALPHA, detectable_difference, holm, seed_test
+from attnlab.reports.tables import ColumnMeta, describe
 
 EXAMPLES, TOKENS = 120, 10  # test examples per run, target tokens per example
 RUN_SPREAD, EXAMPLE_SPREAD = 0.05, 1.0  # nats per token: between training runs, between examples

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.experiment.stats import paired_permutation_p, summarize
+from attnlab.reports.stats import paired_permutation_p, summarize
 
 REFERENCES = [f"Der {a} Hund sieht {b} Katze im {c} Garten." for a, b, c in
               itertools.product(("kleine", "alte", "müde", "große"), ("die", "keine", "eine"), ("grünen", "alten", "neuen", "kalten"))]
@@ -54,7 +54,7 @@ def _write_run(root: Path, point: str, seed: int, index: int, hypotheses: list[s
 
 
 def _report(root: Path) -> list[dict]:
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     assert report_main([str(root), "--wandb", "disabled"]) == 0
     return json.loads((root / "report" / "report.json").read_text())["rows"]
@@ -187,8 +187,8 @@ def test_rows_with_other_seeds_are_paired_on_the_seeds_they_share_with_the_refer
             assert rows[name][column]["shared"] == 3 and rows[name][column]["test"] == "seeds"
             assert rows[name][column]["p_raw"] == pytest.approx(_t_p(mine, [ref[s] for s in seeds[name]]), rel=1e-9)
         assert rows[name]["test bleu (best)"]["n"] == 3 and rows["best"]["test bleu (best)"]["n"] == 4
-    from attnlab.experiment.report import group_points
-    from attnlab.experiment.runs import RunRecord
+    from attnlab.reports.report import group_points
+    from attnlab.reports.runs import RunRecord
 
     records = [RunRecord("p", root, "f", [], seed=s) for s in (None, 0, 1)]
     assert [(p.name, p.seeds) for p in group_points(records)] == [("p (no seed)", [None]), ("p", [0, 1])]
@@ -213,7 +213,7 @@ def test_two_identical_systems_are_not_significantly_different(tmp_path):
 def test_a_system_with_the_baselines_outputs_gets_p_one_beside_others():
     """sacreBLEU alone would answer 1 / 1001 for it; a different system in the same call keeps its
     own p, the one it gets when tested alone."""
-    from attnlab.experiment.stats import sacrebleu_paired_p
+    from attnlab.reports.stats import sacrebleu_paired_p
 
     baseline, other = _corrupt(REFERENCES, 0.2, seed=3), _corrupt(REFERENCES, 0.7, seed=4)
     for metric in ("bleu", "chrf"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.experiment.sweep import checkpoint_to_test
+from attnlab.sweeps.sweep import checkpoint_to_test
 
 
 def _fake_last(folder, best_path, monitor="val/nll"):

@@ -54,7 +54,7 @@ def test_a_point_starts_from_the_same_seeds_snapshot_and_inherits_its_cost(tmp_p
 ])
 def test_a_bad_init_from_names_the_field(tmp_path, init_from, message):
     from attnlab.errors import ConfigError
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
         load_sweep(_sweep(tmp_path, init_from=init_from))
@@ -66,8 +66,8 @@ def test_on_several_devices_a_point_waits_for_the_point_it_starts_from(tmp_path,
     import threading
     import time
 
-    from attnlab.experiment.spec import load_sweep
-    from attnlab.experiment.sweep import SweepRunner
+    from attnlab.sweeps.spec import load_sweep
+    from attnlab.sweeps.sweep import SweepRunner
 
     runner = SweepRunner(load_sweep(_sweep(tmp_path)), str(tmp_path / "runs"), [], ["0", "1"])
     events, lock = [], threading.Lock()

@@ -135,7 +135,7 @@ def test_seeds_flag_runs_each_point_n_times_and_evaluates_the_named_checkpoint(t
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "n_heads=2/seed0 [fit]" in dry.stdout and "n_heads=2/seed1 [final]" in dry.stdout
     assert "--seed_everything=1" in dry.stdout and "checkpoint" not in dry.stdout  # not a config key
-    from attnlab.experiment.sweep import checkpoint_to_test
+    from attnlab.sweeps.sweep import checkpoint_to_test
 
     checkpoints = tmp_path / "fit" / "checkpoints"
     checkpoints.mkdir(parents=True)
@@ -151,7 +151,7 @@ def test_seeds_flag_runs_each_point_n_times_and_evaluates_the_named_checkpoint(t
 
 
 def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
-    from attnlab.experiment.spec import load_sweep, wandb_sweep_config
+    from attnlab.sweeps.spec import load_sweep, wandb_sweep_config
 
     spec = load_sweep(EXPERIMENTS / "compare_families.yaml")
     assert [p.name for p in spec.grid_points()] == ["decoder_only", "encoder_decoder", "block_diffusion",
@@ -189,7 +189,7 @@ def test_shipped_sweeps_load_and_export_to_wandb(tmp_path):
 ])
 def test_bad_sweep_files_name_the_field(tmp_path, content, expected):
     from attnlab.errors import ConfigError
-    from attnlab.experiment.spec import load_sweep
+    from attnlab.sweeps.spec import load_sweep
 
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(content))
@@ -217,7 +217,7 @@ def test_a_report_column_mixing_numbers_and_dashes_goes_to_wandb_as_text():
     such a column (seen on a partial lm/compare_families report)."""
     import wandb
 
-    from attnlab.experiment.wandb_report import table_cells
+    from attnlab.reports.wandb_report import table_cells
 
     headers = ["run", "params", "test nll"]
     rows = [{"run": "a", "params": "—", "test nll": None}, {"run": "b", "params": 1317632, "test nll": 4.84}]
@@ -230,7 +230,7 @@ def test_a_report_column_mixing_numbers_and_dashes_goes_to_wandb_as_text():
 def test_an_unfinished_point_of_a_sweep_is_left_out_of_the_report_and_said(tmp_path, capsys):
     """A sweep writes a point's done.json last; a point without one (killed, or still running)
     showed as an extra row named by its folder, with empty cells."""
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.runs import collect_runs
 
     for point, done in (("ar", True), ("bd", False)):
         fit = tmp_path / point / "seed0" / "fit"
@@ -266,7 +266,7 @@ GOOD_METRICS = "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.0,4.5\n"  # empty
 def test_a_damaged_metrics_csv_names_the_file_line_and_fix(tmp_path, content, words):
     """Read leniently, such a file made a report of empty columns without a word."""
     from attnlab.errors import DataError
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.runs import collect_runs
 
     (tmp_path / "good").mkdir()
     (tmp_path / "good" / "metrics.csv").write_text(GOOD_METRICS)
@@ -280,7 +280,7 @@ def test_a_damaged_metrics_csv_names_the_file_line_and_fix(tmp_path, content, wo
 
 def test_a_damaged_metrics_csv_of_a_sweep_point_says_delete_and_rerun_or_skips_an_unfinished_one(tmp_path, capsys):
     from attnlab.errors import DataError
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.runs import collect_runs
 
     for point in ("done", "running"):
         fit = tmp_path / point / "fit"
@@ -342,8 +342,8 @@ def test_the_reference_comes_from_the_runs_that_name_one():
     """A row is tested against the row its runs name (done.json: the sweep's reference, or in a facetted
     sweep its grid cell's), else the first row; naming one the report does not have leaves it untested,
     so a test never silently moves to another row (across facets)."""
-    from attnlab.experiment.report import Point, point_reference
-    from attnlab.experiment.runs import RunRecord
+    from attnlab.reports.report import Point, point_reference
+    from attnlab.reports.runs import RunRecord
 
     def point(name, *references):
         return Point(name, [RunRecord(name, None, "f", [], seed=i, reference=r) for i, r in enumerate(references)])

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from attnlab.errors import ConfigError
-from attnlab.experiment.runs import read_metrics
-from attnlab.experiment.tune import best_value, parse_tune
+from attnlab.reports.runs import read_metrics
+from attnlab.sweeps.tune import best_value, parse_tune
 from conftest import DEBUG_DATA, DEBUG_YAML, FAST_TRAINER, run_sweep
 
 LR = "model.init_args.optimizer.lr"
@@ -66,8 +66,8 @@ def test_a_tune_seed_among_the_evaluation_seeds_is_refused_before_any_run(tmp_pa
     assert result.code == 2 and not (tmp_path / "runs").exists()
     assert "tune.seed=2 is also an evaluation seed (0, 1, 2): a point's best trial would count again" in result.err
     assert parse_tune({"trials": 1, "space": {LR: [1e-3]}}, sweep, [], "val/nll").seed == 1000
-    from attnlab.experiment.spec import load_sweep
-    from attnlab.experiment.sweep import evaluation_seeds
+    from attnlab.sweeps.spec import load_sweep
+    from attnlab.sweeps.sweep import evaluation_seeds
 
     unseeded = tmp_path / "unseeded.yaml"  # no seeds: the base config's seed_everything (0) is the evaluation seed
     unseeded.write_text(yaml.safe_dump({"base": str(DEBUG_YAML), "points": {"a": {}, "b": {}}}))
@@ -76,7 +76,7 @@ def test_a_tune_seed_among_the_evaluation_seeds_is_refused_before_any_run(tmp_pa
 
 
 def test_a_chosen_value_on_the_edge_of_its_range_is_flagged():
-    from attnlab.experiment.tune import on_edge
+    from attnlab.reports.tuning import on_edge
 
     choices = {"choices": [0.001, 0.003, 0.009]}
     assert on_edge(choices, 0.001) and on_edge(choices, 0.009) and not on_edge(choices, 0.003)
@@ -100,7 +100,7 @@ def test_each_point_gets_n_trials_runs_its_best_and_a_rerun_resumes_without_repe
     trial's fit from its last.ckpt, runs no trial again, and each point then trains with the
     values of its trial that validated best (read back from the trials' own metrics.csv)."""
     from attnlab.errors import EXIT_INTERRUPTED
-    from attnlab.experiment import tune as tune_module
+    from attnlab.sweeps import tune as tune_module
     from attnlab.families.base import FamilyModule
 
     monkeypatch.setattr(tune_module, "check_space_keys", lambda spec, passthrough: None)  # a catalogue row tests it
@@ -161,8 +161,8 @@ def test_a_grid_runs_every_cell_once_and_chooses_the_best_by_asking_and_telling(
     """The grid sampler with the Tuner's ask-and-tell loop: each of the 4 cells is tried once (Optuna's
     own grid sampler stops the study at the last cell, which raises outside Study.optimize), and the
     cell whose fit validated best is chosen."""
-    from attnlab.experiment.spec import load_sweep
-    from attnlab.experiment.tune import Tuner
+    from attnlab.sweeps.spec import load_sweep
+    from attnlab.sweeps.tune import Tuner
 
     sweep_file = tmp_path / "grid.yaml"
     sweep_file.write_text(yaml.safe_dump({

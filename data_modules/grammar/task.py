@@ -81,8 +81,8 @@ class GrammarDataModule(TokenizedDataModule):
         self.counts = {"train": n_train, "val": n_val, "test": n_test}
 
     def _load_splits(self) -> dict[str, Pairs]:
-        """The generated splits, kept in the cache folder beside the tokenizers: drawing 22,000
-        sentences takes ~2 s, which every fit and test process of a sweep would pay again."""
+        """The generated splits, kept in the cache folder beside the tokenizers: drawing the
+        sentences is pure Python, which every fit and test process of a sweep would pay again."""
         counts = {split: n for split, n in self.counts.items() if n > 0}
         params = [FORMAT, self.seed, counts, self.max_words, sorted(self.probabilities.items())]
         path = self._cache_root() / "grammar" / f"{hashlib.sha256(repr(params).encode()).hexdigest()[:24]}.json"

@@ -17,7 +17,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 # Module paths of earlier releases that configs may name (class_path: attnlab.averaging.CheckpointAveraging).
-MOVED = {"attnlab.modules": "attnlab.families", "attnlab.averaging": "attnlab.checkpoints.averaging"}
+# `attnlab.experiment` was split into sweeps/, reports/ and probes/; configs name only its callback.
+MOVED = {"attnlab.modules": "attnlab.families", "attnlab.averaging": "attnlab.checkpoints.averaging",
+         "attnlab.experiment": "attnlab.probes", "attnlab.experiment.attention_maps": "attnlab.probes.attention_maps"}
 
 
 def __getattr__(name):
@@ -48,4 +50,4 @@ class _MovedModules(_abc.MetaPathFinder, _abc.Loader):
 
 
 if not any(isinstance(finder, _MovedModules) for finder in _sys.meta_path):
-    _sys.meta_path.append(_MovedModules())
+    _sys.meta_path.insert(0, _MovedModules())  # first: the path finder would load a moved file twice

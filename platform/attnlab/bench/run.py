@@ -36,7 +36,7 @@ from attnlab.bench.report import check_targets, format_report
 from attnlab.bench.shapes import SIZES, BenchShape, resolve_shape
 from attnlab.bench.timing import interleaved_rounds
 from attnlab.errors import AttnlabError
-from attnlab.experiment.provenance import commit, context, measured_on
+from attnlab.reports.provenance import commit, context, measured_on
 from attnlab.generation.model_calls import CallCounter
 
 LIST_FIELDS = ("memory_lengths", "gen_batches")

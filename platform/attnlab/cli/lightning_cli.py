@@ -16,7 +16,7 @@ from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.cli.preflight import check_accelerator, check_run_root, check_training_budget
 from attnlab.distributed.failures import ChildProcessReaper
 from attnlab.errors import AttnlabError, ConfigError
-from attnlab.experiment.spec import name_under_experiments
+from attnlab.sweeps.spec import name_under_experiments
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption

@@ -195,31 +195,31 @@ def average_main(argv: list[str]) -> int:
 
 
 def sweep_main(argv: list[str]) -> int:
-    from attnlab.experiment.sweep import sweep_main as run_sweep
+    from attnlab.sweeps.sweep import sweep_main as run_sweep
 
     return run_sweep(argv)
 
 
 def report_main(argv: list[str]) -> int:
-    from attnlab.experiment.report import report_main as run_report
+    from attnlab.reports.report import report_main as run_report
 
     return run_report(argv)
 
 
 def ablate_heads_main(argv: list[str]) -> int:
-    from attnlab.experiment.head_ablation import ablate_heads_main as run_ablation
+    from attnlab.probes.head_ablation import ablate_heads_main as run_ablation
 
     return run_ablation(argv)
 
 
 def attention_main(argv: list[str]) -> int:
-    from attnlab.experiment.attention_maps import attention_main as run_attention
+    from attnlab.probes.attention_maps import attention_main as run_attention
 
     return run_attention(argv)
 
 
 def sample_quality_main(argv: list[str]) -> int:
-    from attnlab.experiment.sample_quality import sample_quality_main as run
+    from attnlab.probes.sample_quality import sample_quality_main as run
 
     return run(argv)
 

@@ -22,7 +22,7 @@ its steps, in summary.json): a converted model's cost includes what its network 
 budget of flops, tokens or epochs covers both (a time budget counts the run's own time only).
 
 Logged as budget/flops, budget/tokens and budget/epochs every step (float64, so they read back
-exactly), written to summary.json by RunSummary, read back by attnlab.experiment.runs. With a
+exactly), written to summary.json by RunSummary, read back by attnlab.reports.runs. With a
 `run.budget` (attnlab.training.budget) the ledger also sets the run's length: at setup, and for
 flops and tokens again after every optimizer step from what is left at what a step costs now (a
 family's cost per step may change as it trains: block diffusion's noise_search moves the share of

@@ -38,12 +38,12 @@ from typing import Any, Callable
 
 from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.errors import ConfigError
+from attnlab.reports.tuning import FOLDER, number, short
 
 TUNE_KEYS = ("space", "trials", "metric", "sampler", "seed", "points")
 SAMPLERS = ("tpe", "grid")
 LR = "model.init_args.optimizer.lr"
 SEED = 1000  # the default tune seed: outside the 0, 1, 2, ... of evaluation seeds
-FOLDER = "tune"  # under the sweep folder: tune.db, tune.json and one folder of trials per point
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,6 @@ def ask_tell_grid_sampler():
     return AskTellGridSampler
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _param(key: str, raw, where: str) -> Param:
     if isinstance(raw, list):
         if not raw:
@@ -119,7 +115,7 @@ def _param(key: str, raw, where: str) -> Param:
         raise ConfigError(f"{where}: give a list of choices, e.g. [0.0, 0.1], or a range "
                           "{low: 1.0e-4, high: 3.0e-3, log: true}")
     low, high, log = raw["low"], raw["high"], raw.get("log", False)
-    if not (_number(low) and _number(high)) or low >= high:
+    if not (number(low) and number(high)) or low >= high:
         raise ConfigError(f"{where}: low={low!r} and high={high!r} must be numbers with low < high")
     if not isinstance(log, bool) or (log and low <= 0):
         raise ConfigError(f"{where}: log={log!r} must be true or false, and a log range needs low > 0")
@@ -130,7 +126,7 @@ def parse_tune(raw, path: Path, swept_keys: list[str], monitor: str, point_names
     """The `tune:` block of a sweep file; every mistake names the field and the fix."""
     where = f"{path}: tune"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping with space: and trials: (see attnlab.experiment.tune)")
+        raise ConfigError(f"{where} must be a mapping with space: and trials: (see attnlab.sweeps.tune)")
     unknown = set(raw) - set(TUNE_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; tune has {', '.join(TUNE_KEYS)}")
@@ -191,7 +187,7 @@ def check_tune_seed(spec, evaluation_seeds: list[int]) -> None:
 def check_space_keys(spec, passthrough: list[str]) -> None:
     """Every tune.space key is an option `attnlab fit` knows, checked once per base config with the
     space's first values before any trial runs (the fit's own parser says which key is wrong)."""
-    from attnlab.experiment.spec import as_cli_args
+    from attnlab.sweeps.arguments import as_cli_args
 
     values = {k: (p.choices[0] if p.choices is not None else p.low) for k, p in spec.tune.space.items()}
     for point in {tuple(p.configs): p for p in spec.grid_points()}.values():
@@ -255,15 +251,15 @@ class Tuner:
         return self.folder / point.name / f"trial{number}"
 
     def _run(self, study, point, number: int, params: dict[str, Any]) -> None:
-        from attnlab.experiment.runs import read_metrics
-        from attnlab.experiment.spec import as_cli_args
+        from attnlab.reports.runs import read_metrics
+        from attnlab.sweeps.arguments import as_cli_args
         from optuna.trial import TrialState
 
         configs = [arg for config in point.configs for arg in ("--config", str(config))]
         args = ["fit", *configs, *as_cli_args({**point.overrides, **params}), f"--seed_everything={self.tune.seed}",
                 *self.passthrough, "--run.root", self.root, "--run.name", f"{self.spec.name}/{FOLDER}/{point.name}",
                 "--run.group", self.spec.name, "--run.version", f"trial{number}"]
-        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in params.items())
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={short(v)}" for k, v in params.items())
         print(f"[tune] {point.name}: trial {number + 1}/{self.tune.trials} ({shown})", flush=True)
         status = self.fit(args)  # raises Preempted on EXIT_INTERRUPTED: the trial stays RUNNING
         metrics = self.trial_dir(point, number) / "metrics.csv"
@@ -291,66 +287,3 @@ class Tuner:
                               "seed": self.tune.seed, "trials": trials, "chosen": study.best_trial.params if complete else None,
                               "space": {k: vars(p) for k, p in self.tune.space.items()}}
         atomic_write_text(record_file, json.dumps(record, indent=1, default=list) + "\n")
-
-
-def _short(value) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def on_edge(param: dict, value) -> bool:
-    """A chosen value at an end of its searched range (a list's smallest or largest number, or within a
-    twentieth of a range's width from an end, on the log scale for a log range), where the best may
-    lie beyond what was searched."""
-    if param.get("choices") is not None:
-        numbers = [c for c in param["choices"] if _number(c)]
-        return _number(value) and len(numbers) > 1 and value in (min(numbers), max(numbers))
-    low, high, log = param["low"], param["high"], param.get("log", False)
-    scale = math.log if log else (lambda x: x)
-    span = scale(high) - scale(low)
-    return min(scale(value) - scale(low), scale(high) - scale(value)) <= span / 20
-
-
-def tuning_section(sweep_dir: Path, rows: list[str] | None = None) -> list[str]:
-    """The report's words on the tune stage (from tune/tune.json): per point, every trial's values and
-    score, the values chosen (flagged where on the edge of the range searched), what the tuning spent,
-    and which of the report's `rows` were not tuned; [] for a sweep without one."""
-    record_file = Path(sweep_dir) / FOLDER / "tune.json"
-    if not record_file.is_file():
-        return []
-    record = json.loads(record_file.read_text())
-    if not record:
-        return []
-    first = next(iter(record.values()))
-    keys = list(first["space"])
-    counts = {len(point["trials"]) for point in record.values()}
-    untuned = [name for name in rows or [] if name not in record]
-    who = (f"Every point was tuned alike before its seeds ran" if not untuned else
-           f"Tuned before their seeds ran: {', '.join(record)}; not tuned: {', '.join(untuned)} (the table labels each "
-           "row, and tuned rows are not tested against untuned ones: their difference would include the tuning)")
-    lines = ["## Tuning", "",
-             f"{who}: {'/'.join(map(str, sorted(counts)))} trial(s) of `attnlab fit` each ({first['sampler']} sampler) "
-             f"over the same space, chosen by the {'highest' if first['direction'] == 'maximize' else 'lowest'} "
-             f"{first['metric']} a trial validated (validation data only)"
-             + (f", every trial with tune seed {first['seed']}, which no evaluation run shares" if "seed" in first else "")
-             + ". The seeds of a tuned point then ran with its chosen values.", ""]
-    header = ["point", "trial", *(k.rsplit(".", 1)[-1] for k in keys), first["metric"], "state", "fit seconds"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    edges = []
-    for name, point in record.items():
-        chosen = point.get("chosen")
-        for trial in point["trials"]:
-            won = chosen is not None and trial["state"] == "COMPLETE" and trial["params"] == chosen
-            value = "" if trial["value"] is None else f"{trial['value']:.4f}"
-            cells = [name, str(trial["number"]), *(_short(trial["params"].get(k, "")) for k in keys),
-                     f"**{value}**" if won else value, trial["state"].lower(),
-                     "" if trial["seconds"] is None else f"{trial['seconds']:.0f}"]
-            lines.append("| " + " | ".join(cells) + " |")
-        edges += [f"{name}: {k.rsplit('.', 1)[-1]} = {_short(v)}" for k, v in (chosen or {}).items()
-                  if k in point["space"] and on_edge(point["space"][k], v)]
-    spent = sum(t["seconds"] or 0 for point in record.values() for t in point["trials"])
-    lines += ["", f"Bold: the trial each point kept. The tuning spent {spent / 60:.1f} minutes of fits "
-                  f"({sum(len(p['trials']) for p in record.values())} trials)."]
-    if edges:
-        lines += ["", "On the edge of the range searched (the best may lie beyond it, so the optimum is not "
-                      f"bracketed): {'; '.join(edges)}."]
-    return lines

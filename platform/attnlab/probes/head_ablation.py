@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from attnlab.errors import AttnlabError
-from attnlab.experiment.attention_maps import evaluating
+from attnlab.probes.attention_maps import evaluating
 
 HIGHER_IS_BETTER = {"nll": False, "chrf": True, "bleu": True, "exact_match": True}
 DESCRIPTION = """Measure each attention head's importance in a trained checkpoint.
@@ -133,7 +133,7 @@ def markdown(result: dict, title: str) -> str:
 
 
 def write_outputs(result: dict, output: Path, title: str) -> list[Path]:
-    from attnlab.experiment.plots import pyplot
+    from attnlab.reports.plots import pyplot
 
     output.mkdir(parents=True, exist_ok=True)
     table, data, plot = output / "head_ablation.md", output / "head_ablation.json", output / "pruning_curve.png"

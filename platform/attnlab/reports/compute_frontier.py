@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.experiment.curves import LOSS, is_ar
-from attnlab.experiment.significance import MARKS
-from attnlab.experiment.stats import ALPHA, MIN_SEEDS, holm, paired_t, summarize
+from attnlab.reports.curves import LOSS, is_ar
+from attnlab.reports.significance import MARKS
+from attnlab.reports.stats import ALPHA, MIN_SEEDS, holm, paired_t, summarize
 
 BUDGET = "run.budget"
 TEST = "test/nll"
@@ -212,7 +212,7 @@ class ComputeFrontier:
         return f"- {c.name} against {ref.name}: {where}" + (f" ({seeds}{interval})" if seeds else "") + "."
 
     def plot(self, output: Path) -> Path:
-        from attnlab.experiment.plots import half_width, pyplot, save_figure
+        from attnlab.reports.plots import half_width, pyplot, save_figure
 
         plt = pyplot()
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.experiment.stats import Summary, summarize
+from attnlab.reports.stats import Summary, summarize
 
 
 def pyplot():

@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.experiment.runs import RunRecord
-from attnlab.experiment.significance import MARKS, Comparison, Row as TableRow, compare, example_p
-from attnlab.experiment.stats import Summary, summarize
+from attnlab.reports.runs import RunRecord
+from attnlab.reports.significance import MARKS, Comparison, Row as TableRow, compare, example_p
+from attnlab.reports.stats import Summary, summarize
 
 QUALITY = {"exact_match": "exact match", "chrf": "chrF", "bleu": "BLEU"}
 
@@ -161,7 +161,7 @@ def frontier_table(rows: list[Row], reference: str | None, tests: dict) -> str:
 def frontier_text(rows: list[Row], reference: str | None, tests: dict, counts: dict[str, int] | None = None) -> list[str]:
     """Per batch size, which rows are faster than the reference (and whether the seed intervals
     say so); per metric, which rows' quality differs from the reference's."""
-    from attnlab.experiment.tables import ColumnMeta, describe
+    from attnlab.reports.tables import ColumnMeta, describe
 
     by_name = {row.name: row for row in rows}
     if reference not in by_name:
@@ -214,7 +214,7 @@ def frontier_json(rows: list[Row], reference: str | None, tests: dict) -> list[d
 def frontier_plot(rows: list[Row], output: Path, metric: str) -> Path | None:
     """Quality against tokens/s (log), a colour per batch size; each point's decodings joined by a
     line (sorted by speed), a marker per point, error bars of 95 % over seeds."""
-    from attnlab.experiment.plots import half_width, pyplot, save_figure
+    from attnlab.reports.plots import half_width, pyplot, save_figure
 
     key = next((f"test/{m}" for m in (metric, *QUALITY) if m in QUALITY and any(r.summary(f"test/{m}") for r in rows)), None)
     if key is None:

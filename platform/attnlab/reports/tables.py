@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from attnlab.experiment.significance import MARKS, Comparison
-from attnlab.experiment.stats import ALPHA, MIN_SEEDS, POWER
+from attnlab.reports.significance import MARKS, Comparison
+from attnlab.reports.stats import ALPHA, MIN_SEEDS, POWER
 from attnlab.families.metrics import LIKELIHOOD_METRICS
 
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")

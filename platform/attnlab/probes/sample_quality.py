@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from attnlab.errors import AttnlabError, ConfigError
-from attnlab.experiment.provenance import context, measured_on
+from attnlab.reports.provenance import context, measured_on
 from attnlab.generation.model_calls import CallCounter
 from data_modules.batch import pad_sequences
 
@@ -175,7 +175,7 @@ def markdown(rows: list[dict], scorer: Path, measured: dict | None = None) -> st
 def plot(rows: list[dict], path: Path) -> Path:
     """Generative perplexity and sample entropy against model calls, one line per checkpoint
     (threshold decoding dashed); AR is a star: it has one point, one call a token."""
-    from attnlab.experiment.plots import pyplot
+    from attnlab.reports.plots import pyplot
 
     plt = pyplot()
     fig, (quality, entropy) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Callable
 
 from attnlab.errors import AttnlabError
-from attnlab.experiment.provenance import context, read_sweep_record
-from attnlab.experiment.runs import RunRecord, collect_runs
-from attnlab.experiment.significance import adjust, compare_columns, example_p, store_comparisons
-from attnlab.experiment.stats import Summary, summarize
-from attnlab.experiment.tables import QUALITY, ColumnMeta, quality_cells, quality_format, render
+from attnlab.reports.provenance import context, read_sweep_record
+from attnlab.reports.runs import RunRecord, collect_runs
+from attnlab.reports.significance import adjust, compare_columns, example_p, store_comparisons
+from attnlab.reports.stats import Summary, summarize
+from attnlab.reports.tables import QUALITY, ColumnMeta, quality_cells, quality_format, render
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
 VAL_QUALITY = ("nll", "ppl", *QUALITY[1:])  # the paper's Table 3 reports dev perplexity
@@ -229,15 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_main(argv: list[str]) -> int:
-    from attnlab.experiment.compute_frontier import ComputeFrontier
-    from attnlab.experiment.curves import build_curves, crossover_text, facet_key, write_curves
-    from attnlab.experiment.frontier import frontier_tests, write_frontier
-    from attnlab.experiment.plots import write_plots
-    from attnlab.experiment.tune import tuning_section
+    from attnlab.reports.compute_frontier import ComputeFrontier
+    from attnlab.reports.curves import build_curves, crossover_text, facet_key, write_curves
+    from attnlab.reports.frontier import frontier_tests, write_frontier
+    from attnlab.reports.plots import write_plots
+    from attnlab.reports.tuning import tuning_section
 
     args = build_parser().parse_args(argv)
     if args.remark:
-        from attnlab.experiment.publish import remark
+        from attnlab.reports.publish import remark
 
         print(f"report: re-marked {remark(Path(args.remark))}")
         return 0
@@ -287,7 +287,7 @@ def report_main(argv: list[str]) -> int:
     }
     (output / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     if args.publish:
-        from attnlab.experiment.publish import publish
+        from attnlab.reports.publish import publish
 
         print(f"report: published {publish(output / 'report.json', Path(args.publish))}")
     print(md["table"])
@@ -296,7 +296,7 @@ def report_main(argv: list[str]) -> int:
             print("\n" + "\n".join(section))
     print(f"\nreport: {output / 'report.md'} ({len(plots)} plots)")
     if args.wandb != "disabled":
-        from attnlab.experiment.wandb_report import log_report
+        from attnlab.reports.wandb_report import log_report
 
         flat = [{c.header: (v["mean"] if isinstance(v := row[c.header], dict) and "mean" in v else v) for c in columns}
                 for row in rows]

@@ -13,7 +13,7 @@ where the examples are what varies.
 Libraries do the statistics where they have them: scipy's t-test, t and noncentral t
 distributions; sacreBLEU's paired bootstrap. Holm's correction is here (scipy's
 false_discovery_control is Benjamini-Hochberg), and so is the permutation test, written out
-because scipy's draws its patterns by sorting (2 s per column of 3,000 pairs).
+because scipy draws each pattern by sorting a random array, which dominated a report's time.
 """
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ def paired_permutation_p(a: list[float], b: list[float]) -> float:
     Every sign pattern when there are at most PERMUTATIONS of them, else PERMUTATIONS random ones
     with p = (count + 1) / (PERMUTATIONS + 1), as scipy's permutation_test answers (the test
     checks the two agree). Written out because scipy draws each resample's pattern by sorting a
-    random array: 2 s per column of 3,000 pairs, most of the main job's report; a matrix of
-    random signs takes a fraction of that."""
+    random array, where one matrix of random signs does the same draws at once."""
     import numpy as np
 
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from attnlab.errors import ConfigError
-from attnlab.experiment.plots import pyplot
+from attnlab.reports.plots import pyplot
 
 MAX_LABELS = 40  # longer sequences get no tick labels: they would be unreadable
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ class AttentionMaps(Callback):
     """Render the attention of validation example `example_index` every `every_n_epochs` epochs.
 
     PNGs go to `<log_dir>/attention/epoch=<e>-<kind>.png` and to any wandb / TensorBoard logger.
-    Add with `trainer.callbacks: [{class_path: attnlab.experiment.attention_maps.AttentionMaps}]`.
+    Add with `trainer.callbacks: [{class_path: attnlab.probes.attention_maps.AttentionMaps}]`.
     """
 
     def __init__(self, every_n_epochs: int = 1, example_index: int = 0):

@@ -31,7 +31,7 @@
       block_diffusion_from_ar: {point: decoder_only, step: 500}   # seed by seed (that point runs first,
                                        # saving checkpoints/step=500.ckpt); its ledger counts that network's cost
     tune:                              # the same search for every point before its seeds (Optuna; see
-      trials: 8                        # attnlab.experiment.tune): trials per point, chosen on validation
+      trials: 8                        # attnlab.sweeps.tune): trials per point, chosen on validation
       space: {model.init_args.optimizer.lr: {low: 1.0e-4, high: 3.0e-3, log: true}}
 
 A frontier becomes one evaluate entry per (decoding, batch size), named `<decoding>@b<batch>` and
@@ -102,7 +102,7 @@ class SweepSpec:
     frontier: Frontier | None = None
     named: dict[str, dict[str, Any]] | None = None  # `points:` (name -> overrides), instead of a grid
     reference: str | None = None  # the point (or, facetted, the base) rows are tested against (None: the first)
-    tune: Any = None  # attnlab.experiment.tune.TuneSpec: the same search for every point, before its seeds
+    tune: Any = None  # attnlab.sweeps.tune.TuneSpec: the same search for every point, before its seeds
     init_from: dict[str, tuple[str, int]] = field(default_factory=dict)  # point -> (source point, step)
 
     def reference_of(self, point: SweepPoint) -> str:
@@ -240,7 +240,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if "init_from" in raw:
         spec.init_from = _init_from(raw["init_from"], path, names)
     if "tune" in raw:
-        from attnlab.experiment.tune import parse_tune
+        from attnlab.sweeps.tune import parse_tune
 
         monitor = spec.fixed.get("run.monitor", "val/nll")
         spec.tune = parse_tune(raw["tune"], path, spec.swept_keys + list(spec.fixed), monitor, names)
@@ -398,11 +398,6 @@ def _mapping(value, path: Path, field_name: str, of: str = "dotted config keys t
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: `{field_name}` must be a mapping of {of}")
     return value
-
-
-def as_cli_args(overrides: dict[str, Any]) -> list[str]:
-    """`--key=value` flags (values as JSON, so null, lists and strings survive jsonargparse)."""
-    return [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in overrides.items()]
 
 
 def wandb_sweep_config(spec: SweepSpec) -> dict:

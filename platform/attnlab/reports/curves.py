@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.experiment.stats import summarize
+from attnlab.reports.stats import summarize
 
 LOSS = "val/nll"
 FACETS = ("data.init_args.train_tokens", "run.budget")  # faceted by default by the first the points differ in
@@ -268,7 +268,7 @@ def _label(name: str, facet: str | None) -> str:
 
 def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[Path]:
     """learning_curves.png: val/nll against epochs (top row) and FLOPs (bottom), a panel per facet."""
-    from attnlab.experiment.plots import pyplot, save_figure
+    from attnlab.reports.plots import pyplot, save_figure
 
     if not curves:
         return []

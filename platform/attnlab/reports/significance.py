@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from attnlab.experiment.stats import (
+from attnlab.reports.stats import (
     ALPHA,
     MIN_SEEDS,
     detectable_difference,

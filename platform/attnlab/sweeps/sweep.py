@@ -35,14 +35,13 @@ import yaml
 
 from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.checkpoints.reading import read_checkpoint
-from attnlab.errors import AttnlabError, ConfigError
-from attnlab.experiment.provenance import write_sweep_record
-from attnlab.errors import EXIT_INTERRUPTED, Preempted
-from attnlab.experiment.spec import (
+from attnlab.errors import EXIT_INTERRUPTED, AttnlabError, ConfigError, Preempted
+from attnlab.reports.provenance import write_sweep_record
+from attnlab.sweeps.arguments import as_cli_args
+from attnlab.sweeps.spec import (
     BUDGET,
     SweepPoint,
     SweepSpec,
-    as_cli_args,
     evaluation_checkpoint,
     load_sweep,
     wandb_sweep_config,
@@ -188,7 +187,7 @@ class SweepRunner:
     def tuned(self, todo: list[SweepPoint]) -> tuple[list[SweepPoint], list[str]]:
         """`todo` with each point's tuned values among its overrides, and the folders of the points
         whose every trial failed (they do not run)."""
-        from attnlab.experiment.tune import Tuner
+        from attnlab.sweeps.tune import Tuner
 
         env = dict(os.environ)
         if self.devices:
@@ -431,7 +430,7 @@ def visible_gpus() -> list[str]:
 
 
 def sweep_main(argv: list[str]) -> int:
-    from attnlab.experiment.report import report_main
+    from attnlab.reports.report import report_main
 
     args, passthrough = build_parser().parse_known_args(argv)
     stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--")]
@@ -445,7 +444,7 @@ def sweep_main(argv: list[str]) -> int:
     check_run_options(spec, passthrough)
     check_warmups(spec, passthrough)
     if spec.tune is not None:
-        from attnlab.experiment.tune import check_space_keys, check_tune_seed
+        from attnlab.sweeps.tune import check_space_keys, check_tune_seed
 
         check_tune_seed(spec, evaluation_seeds(spec, passthrough))
         check_space_keys(spec, passthrough)

@@ -1,1 +1,0 @@
-"""Running many experiments and reading them back: sweeps, reports, plots, head ablation."""

@@ -1,0 +1,1 @@
+"""Probes of trained models: head ablation, attention maps and the quality of samples."""

@@ -1,0 +1,1 @@
+"""Reports: many finished runs read back into tables, statistics, plots and published pages."""
