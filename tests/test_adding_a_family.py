@@ -131,9 +131,9 @@ def _write_fit(folder, point: str, index: int, cls: type, losses: list[float]) -
 
 
 def test_the_report_sets_the_toys_against_each_other_by_what_their_classes_say(toys, tmp_path):
-    from attnlab.experiment.curves import build_curves, crossover_text
-    from attnlab.experiment.report import group_points
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.curves import build_curves, crossover_text
+    from attnlab.reports.report import group_points
+    from attnlab.reports.runs import collect_runs
 
     _write_fit(tmp_path, "ar", 0, Toy, [3.0, 2.5, 2.4, 2.3])
     _write_fit(tmp_path, "denoiser", 1, ToyDenoiser, [3.5, 2.6, 2.2, 2.0])
@@ -150,8 +150,8 @@ def test_the_report_sets_the_toys_against_each_other_by_what_their_classes_say(t
 
 def test_a_toy_fit_reports_and_loads_back_as_the_toy(toys, trained_run, tmp_path):
     from attnlab.checkpoints.reading import load_checkpoint, read_checkpoint
-    from attnlab.experiment.report import report_main
-    from attnlab.experiment.runs import collect_runs
+    from attnlab.reports.report import report_main
+    from attnlab.reports.runs import collect_runs
 
     _, run_dir = trained_run("--model.class_path", "test_adding_a_family.Toy")
     assert json.loads((run_dir / "summary.json").read_text())["family"] == "toy"

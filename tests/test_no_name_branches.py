@@ -98,7 +98,7 @@ def test_the_scan_finds_each_kind_of_name_branch_and_passes_what_is_no_branch():
         'ok = class_path.endswith("BlockDiffusion")',
         'match family:\n    case "encoder_decoder": pass',
     ]
-    elsewhere = PACKAGE / "experiment" / "example.py"
+    elsewhere = PACKAGE / "reports" / "example.py"
     for source in caught:
         assert name_branches(source, elsewhere), source
     passed = [
