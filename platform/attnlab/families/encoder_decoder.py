@@ -67,9 +67,9 @@ class EncoderDecoder(FamilyModule):
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
                                   beam_size=cfg.beam_size, alpha=cfg.length_penalty, prefixes=prefixes, pad_id=ids.pad,
-                                  compiled=self.decoding_compiled(batch))
+                                  compiled=cfg.compile)
         return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=self.decoding_compiled(batch))
+                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=cfg.compile)
 
     def attention_stacks(self):
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}
