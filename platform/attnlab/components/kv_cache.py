@@ -9,9 +9,9 @@ beams of a source read them by folding their queries together (see MultiHeadAtte
 One place builds a call. `DecodeState.forward(stack, tokens, valid, noisy=)` turns "these new
 tokens" into slots (which are their positions) and `step_mask` into the mask, for every family,
 and hands them, as one `StepInputs`, to the state's runner (`cached_forward`, or a compiled one
-chosen when the state is made): a decoder's tokens (`noisy` 0) see the keys before them; block diffusion's trial block (`noisy` tokens at the
-end) is seen by itself alone and dropped after the call, so denoising a block writes nothing
-that has to be undone or copied.
+chosen when the state is made). A decoder's tokens (`noisy` 0) see the keys before them; block
+diffusion's trial block (`noisy` tokens at the end) is seen by itself alone and dropped after the
+call, so denoising a block writes nothing that has to be undone or copied.
 
 Rows are ragged. Each row's real keys fill its slots from 0 without gaps: a call's valid tokens
 take the row's next slots, its padding goes after them and is overwritten later. So left-padded
@@ -155,7 +155,7 @@ class StepInputs(NamedTuple):
     row_end: torch.Tensor  # (B,) each row's committed keys before the call
     keys: torch.Tensor  # (span,) the slots attention reads
     caches: list[LayerCache]  # one per layer
-    context_mask: torch.Tensor | None  # (sources, 1, 1, S) the source tokens cross-attention may see
+    context_mask: torch.Tensor | None  # (sources, 1, 1, S) what cross-attention may see
     noisy: int  # the last `noisy` tokens are a trial block
     causal: bool  # clean tokens of the call see each other causally
     masked: bool  # some query may not see some key of the span: build the mask
@@ -188,7 +188,7 @@ class DecodeState:
     beams: rows per source (B = sources * beams, a source's beams adjacent), set when the state is
     made or its rows are copied to beams (`expand_beams`), never read off shapes;
     last_clean_hidden (B, d): shifted block diffusion's predictor of a block's first token;
-    run: what makes each call, `cached_forward` or a compiled runner (see generation/compiled_step.py).
+    run: what makes each call, `cached_forward` or a compiled runner (generation/compiled_step.py).
     """
 
     caches: list[LayerCache]

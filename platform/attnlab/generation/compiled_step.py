@@ -29,28 +29,30 @@ BACKEND = "inductor"  # tests may swap in a cheaper one ("eager" runs the same c
 INDUCTOR_OPTIONS = {"cpp_wrapper": True}
 # Every decoding call of attnlab's families is one graph (tests/test_compiled_decoding.py compiles
 # each kind with FULLGRAPH on): a graph break splits a call into graphs with Python between them.
-# Off here, so that a component of a user's own that breaks a graph decodes slower rather than not at all.
+# Off here, so that a component of a user's own that breaks a graph decodes slower rather than not
+# at all.
 FULLGRAPH = False
 _COMPILED: dict = {}  # (kind of call, backend) -> `cached_forward` compiled for it, for every stack
+# Each kind of call is compiled as a region of its own (see `_compiled`), which older torch lacks.
+ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 def _kind(step: StepInputs) -> str:
-    """A decoder's token call, a decoder's call against a source (cross-attention), or a block call."""
+    """A decoder's call, a decoder's call against a source (cross-attention), or a block call."""
     return "block" if step.noisy else "cross_attention" if step.context_mask is not None else "decoder"
 
 
 def check_compilable() -> None:
-    """Compiled decoding compiles each kind of call with recompiles of its own (`isolate_recompiles`
-    of torch.compile), which older releases of torch lack."""
-    if "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+    """One clear line where this torch cannot compile decoding as attnlab does."""
+    if not ISOLATES_RECOMPILES:
         raise ConfigError(f"generation.compile=true needs a torch whose torch.compile takes isolate_recompiles "
                           f"(2.13 has it); this is torch {torch.__version__}: upgrade torch, or set "
                           "generation.compile false")
 
 
 def _compiled(kind: str):
-    """`cached_forward` compiled for one kind of call, made on first use and kept for the process, so
-    every generation reuses it.
+    """`cached_forward` compiled for one kind of call, made on first use and kept for the
+    process, so every generation reuses it.
 
     Each kind has its variants, each a graph of its own (a batch of one row, padded rows, a trial
     block with or without clean tokens, beams folded over their source). Dynamo keeps at most a
@@ -85,7 +87,8 @@ def compiled_call(stack, step: StepInputs):
 
 
 def step_runner(compiled: bool):
-    """What a decoding state runs its calls with (`DecodeState.run`): `cached_forward`, or compiled."""
+    """What a decoding state runs its calls with (`DecodeState.run`): `cached_forward`, or
+    compiled."""
     if not compiled:
         return cached_forward
     check_compilable()

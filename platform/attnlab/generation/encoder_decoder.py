@@ -50,8 +50,9 @@ def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, 
 def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
                    alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True,
                    compiled: bool = False):
-    """Beam search after bos (or each row's prefix), each source within its budget `max_lengths` (B,).
-    `compiled`: as in `translate_greedy` (compiled beams keep finished sources in the batch)."""
+    """Beam search after bos (or each row's prefix), each source within its budget
+    `max_lengths` (B,). `compiled`: as in `translate_greedy` (compiled beams keep finished sources
+    in the batch)."""
     n = encoded.memory.shape[0]
     capacity = _capacity(prefixes, max_lengths)
     if prefixes is None:  # every beam reads bos
