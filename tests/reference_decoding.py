@@ -1,11 +1,14 @@
 """Uncached decoders for the tests: every step recomputes the whole sequence through the model's
-full-sequence path (what training runs), the reference the cached generators must match.
+full-sequence path (what training runs), the reference the cached generators must match. The
+passes they build on (a left-padded decoder-only batch in one call, block diffusion's denoising
+predictors) are here too: only tests decode that way.
 
 Independent of attnlab.generation on purpose: padding, token choice (greedy, temperature, top-k,
 top-p), block denoising and eos stripping are written again here as plain loops, so a fault in a
 production helper makes the cached output differ from this one instead of from itself. Only the
 order of the random draws is shared (one batched multinomial per choice, then one batched uniform
-for random unmasking): sampled outputs can then be compared token for token.
+for random unmasking): sampled outputs can then be compared token for token. The exception is
+`denoise_block`, which drives the sampler's own `reveal` on one block (the tests of `reveal`).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import math
 import torch
 
 from attnlab.generation import SamplingConfig
+from attnlab.generation.block_diffusion import reveal
 
 
 def _left_pad(prompts, pad_id, device):
@@ -70,6 +74,37 @@ def _strip(rows, eos_id, budgets) -> list[list[int]]:
     return out
 
 
+def left_padded_logits(model, tokens, valid):
+    """A DecoderOnlyModel's logits (B, L, V) of left-padded rows in one call: each real token at its
+    position among its row's real tokens, seeing the real tokens up to itself (a pad sees itself)."""
+    length = tokens.shape[1]
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    earlier = torch.ones(length, length, dtype=torch.bool, device=tokens.device).tril()
+    itself = torch.eye(length, dtype=torch.bool, device=tokens.device)
+    mask = (earlier & (valid[:, None, :] | itself))[:, None]  # (B, 1, L, L)
+    hidden, _ = model.stack(tokens, positions, mask=mask, key_positions=positions)
+    return model.stack.embedding.logits(hidden)
+
+
+def denoise(model, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None):
+    """A BlockDiffusionModel's hidden states (B, Ln, d) that predict the noisy tokens, given the
+    clean sequence, through its training path: the joint pass of `x_t ⊕ x_0`, then `predictors`.
+    Block indices are -1 on padding; clean positions default to 0..Lc-1 (right padding)."""
+    hidden, _ = model.joint_pass(noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions)
+    return model.predictors(hidden, noisy_blocks, noisy_positions, clean_blocks, clean_positions)
+
+
+def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
+                  generator: torch.Generator | None = None, threshold: float = 0.9) -> torch.Tensor:
+    """Turn a (B, n) block into tokens, calling `logits_of(block)` and the sampler's `reveal` until
+    nothing is masked: one block on its own, as `sample_blocks` denoises each row's blocks."""
+    calls = 0
+    while bool((block == mask_id).any()):
+        block = reveal(block, logits_of(block), calls, steps, mask_id, sampling, unmasking, generator, threshold)
+        calls += 1
+    return block
+
+
 @torch.no_grad()
 def generate_uncached(model, prompts, *, max_new_tokens, eos_id, pad_id, sampling=SamplingConfig(), generator=None):
     """Decoder-only: (token lists, (B, steps, V) logits)."""
@@ -79,7 +114,7 @@ def generate_uncached(model, prompts, *, max_new_tokens, eos_id, pad_id, samplin
     finished = [b <= 0 for b in budgets]
     chosen, all_logits = [[] for _ in prompts], []
     for step in range(max(budgets)):
-        logits = model(tokens, valid)[:, -1]
+        logits = left_padded_logits(model, tokens, valid)[:, -1]
         all_logits.append(logits)
         token = _choose(logits, sampling, generator).tolist()
         token = [pad_id if done else t for t, done in zip(token, finished)]
@@ -197,7 +232,7 @@ def sample_blocks_uncached(model, prompts, *, max_new_tokens, block_size, steps,
         noisy_blocks = torch.full((rows, block_size), b + 1, dtype=torch.long, device=device)
 
         def logits_of(x):
-            return model.logits(model.denoise(x, noisy_blocks, positions, clean, clean_blocks, clean_positions))
+            return model.logits(denoise(model, x, noisy_blocks, positions, clean, clean_blocks, clean_positions))
 
         block = _denoise(block_size, rows, logits_of, steps, mask_id, sampling, unmasking, threshold, generator, device)
         clean = torch.cat((clean, torch.tensor(block, dtype=torch.long, device=device)), dim=1)

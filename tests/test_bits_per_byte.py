@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from attnlab import BlockDiffusion, DecoderOnly, EncoderDecoder
 from attnlab.models.framing import IGNORE, frame_prefix_target, frame_source_target
 from data_modules.batch import Example, collate_indexed
+from reference_decoding import denoise
 
 BACKBONE = dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, dropout=0.0)
 # "Grüße": G r ü(2) ß(2) e = 7 bytes; "zwölf Bäume": z w ö(2) l f, space, B ä(2) u m e = 13 bytes.
@@ -67,7 +68,7 @@ def test_block_diffusion_bpb_is_its_bound_in_bits_per_byte():
     frame = module._frame(_batch())
     target, blocks, positions = frame.target_view()
     noisy = torch.full_like(target, module.special.mask)
-    hidden = module.model.denoise(noisy, blocks, positions, frame.clean, frame.clean_blocks)
+    hidden = denoise(module.model, noisy, blocks, positions, frame.clean, frame.clean_blocks)
     logits = module.model.logits(hidden).float()
     logits[..., module.special.mask] = float("-inf")
     real = torch.arange(target.shape[1])[None] < frame.n_targets[:, None]

@@ -237,7 +237,7 @@ def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):
     from attnlab.errors import ConfigError
     from attnlab.generation import SamplingConfig
 
-    with pytest.raises(ConfigError, match="generation.compile='yes' must be true, false or auto"):
+    with pytest.raises(ConfigError, match="generation.compile='yes' must be true or false"):
         SamplingConfig(compile="yes")
     seen = []
     real = compiled_step.step_runner
@@ -246,7 +246,7 @@ def test_generation_compile_is_checked_and_used_by_the_families(monkeypatch):
         seen.append(compiled)
         return real(compiled)
 
-    monkeypatch.setattr("attnlab.generation.decoder_only.step_runner", spy)
+    monkeypatch.setattr("attnlab.models.decoder_only.step_runner", spy)
     from attnlab import DecoderOnly
     from data_modules.batch import Example, collate
 

@@ -81,22 +81,25 @@ def test_beam_search_never_copies_the_cross_attention_keys_and_values(monkeypatc
     torch.manual_seed(0)
     model = EncoderDecoderModel(CFG, VOCAB, PAD).eval()
     encoded = model.encode(SOURCE, SOURCE != 0)[0]
-    seen = []
-    real = DecodeState.reorder
+    seen, expanded = [], []
 
-    def spy(self, rows, sources=None):
-        before = [(c.cross_attn.k, c.cross_attn.k.clone(), c.cross_attn.v.data_ptr()) for c in self.caches]
-        real(self, rows, sources)
-        for cache, (k, k_values, v_pointer) in zip(self.caches, before):
-            assert cache.cross_attn.k is k and torch.equal(k, k_values) and cache.cross_attn.v.data_ptr() == v_pointer
-            assert len(k) == len(SOURCE)  # one row per source, not per beam
-        seen.append(len(rows))
+    def spied(real, record):
+        def spy(self, *args):
+            before = [(c.cross_attn.k, c.cross_attn.k.clone(), c.cross_attn.v.data_ptr()) for c in self.caches]
+            real(self, *args)
+            for cache, (k, k_values, v_pointer) in zip(self.caches, before):
+                assert cache.cross_attn.k is k and torch.equal(k, k_values) and cache.cross_attn.v.data_ptr() == v_pointer
+                assert len(k) == len(SOURCE)  # one row per source, not per beam
+            record.append(self.rows)
+        return spy
 
-    monkeypatch.setattr(DecodeState, "reorder", spy)
+    monkeypatch.setattr(DecodeState, "reorder", spied(DecodeState.reorder, seen))
+    monkeypatch.setattr(DecodeState, "expand_beams", spied(DecodeState.expand_beams, expanded))
     common = dict(max_lengths=torch.tensor([7, 10, 5]), bos_id=BOS, eos_id=EOS, beam_size=3, alpha=0.6, compact=False)
     translate_beam(model, encoded, **common)
     translate_beam(model, encoded, prefixes=PROMPTS, pad_id=PAD, **common)
     assert len(seen) > 10 and set(seen) == {3 * len(SOURCE)}
+    assert expanded == [3 * len(SOURCE)]  # the prefixes' cache, copied to the beams
 
 
 def test_beams_that_read_shared_source_keys_equal_beams_with_copies():
@@ -107,15 +110,55 @@ def test_beams_that_read_shared_source_keys_equal_beams_with_copies():
     encoded = model.encode(SOURCE, SOURCE != 0)[0]
     shared = model.start_state(encoded, 8, beams=3)
     copied = model.start_state(encoded, 8, beams=3)
-    for cache in copied.caches:
+    for cache in copied.caches:  # a row of keys per beam: each reads its own
         cache.cross_attn.k = cache.cross_attn.k.repeat_interleave(3, 0)
         cache.cross_attn.v = cache.cross_attn.v.repeat_interleave(3, 0)
+        cache.cross_attn.beams = 1
     copied.context_mask = copied.context_mask.repeat_interleave(3, 0)
     tokens = torch.randint(6, VOCAB, (9, 1))
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(model.decode(tokens, state=shared)[0], model.decode(tokens, state=copied)[0],
                                        atol=1e-5, rtol=1e-5)
+
+
+def test_a_batch_that_does_not_match_its_sources_and_beams_raises():
+    """Beams are what the state was told, never a ratio of shapes: a call, a reorder or an
+    attention whose rows do not match the state's sources times beams is refused, not folded."""
+    torch.manual_seed(0)
+    model = EncoderDecoderModel(CFG, VOCAB, PAD).eval()
+    encoded = model.encode(SOURCE, SOURCE != 0)[0]
+    state = model.start_state(encoded, 8, beams=2)
+    assert (state.rows, state.beams) == (6, 2)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"call of 9 rows on a state of 6 rows \(3 sources x 2 beams\)"):
+            state.forward(model.decoder, torch.full((9, 1), BOS))
+        with pytest.raises(ValueError, match="reorder to 9 rows keeps every source"):
+            state.reorder(torch.arange(3).repeat_interleave(3))
+        with pytest.raises(ValueError, match="reorder to 3 rows of 2 sources"):
+            state.reorder(torch.arange(3), sources=torch.arange(2))
+        with pytest.raises(ValueError, match="beams already"):
+            state.expand_beams(2)
+        # 6 rows of queries against 3 sources of 1 beam each: folded as 2 beams before, refused now
+        state.caches[0].cross_attn.beams = 1
+        with pytest.raises(ValueError, match="6 rows of queries against keys of 3 rows, 1 row"):
+            state.forward(model.decoder, torch.full((6, 1), BOS))
+
+
+def test_expanding_beams_copies_each_row_to_its_beams():
+    torch.manual_seed(0)
+    model = DecoderOnlyModel(CFG, VOCAB, PAD).eval()
+    state, alone = model.new_state(2, 16), model.new_state(2, 16)
+    tokens = torch.randint(6, VOCAB, (2, 4))
+    with torch.no_grad():
+        model(tokens, torch.tensor([[False, True, True, True], [True] * 4]), state)
+        model(tokens, torch.tensor([[False, True, True, True], [True] * 4]), alone)
+        state.expand_beams(3)
+        assert (state.rows, state.beams, state.row_end.tolist()) == (6, 3, [3, 3, 3, 4, 4, 4])
+        step = torch.randint(6, VOCAB, (2, 1))
+        beams = model(step.repeat_interleave(3, 0), None, state)[:, -1]
+        expected = model(step, None, alone)[:, -1].repeat_interleave(3, 0)
+    torch.testing.assert_close(beams, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_a_reorder_copies_only_the_filled_slots():

@@ -6,8 +6,8 @@ import torch
 
 from attnlab import BackboneConfig, BlockDiffusion, ConfigError, SamplingConfig
 from attnlab.components.masks import block_diffusion_mask
-from attnlab.generation.block_diffusion import denoise_block, sample_blocks, unmask_schedule
-from reference_decoding import sample_blocks_uncached
+from attnlab.generation.block_diffusion import sample_blocks, unmask_schedule
+from reference_decoding import denoise, denoise_block, sample_blocks_uncached
 from attnlab.models.framing import frame_blocks
 from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
 
@@ -179,11 +179,11 @@ def test_flex_block_mask_computes_the_dense_mask_function(context):
     args = (tokens, blocks, positions, f.clean, f.clean_blocks)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is a slow reference
-        flex_hidden = flex.model.denoise(*args)
+        flex_hidden = denoise(flex.model, *args)
     with pytest.raises(ConfigError, match="mask_backend=flex cannot train on CPU"):
-        flex.model.denoise(*args)
+        denoise(flex.model, *args)
     for r, region in enumerate(f.region.tolist()):  # padded queries may differ; real ones may not
-        torch.testing.assert_close(flex_hidden[r, :region], dense.model.denoise(*args)[r, :region], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(flex_hidden[r, :region], denoise(dense.model, *args)[r, :region], atol=1e-5, rtol=1e-5)
 
 
 PROMPTS = [[BOS, 7, 8, 9, SEP], [BOS, 11, SEP], [BOS, 12, 13, SEP]]
@@ -393,7 +393,6 @@ def test_first_hitting_reveals_one_uniformly_chosen_position_per_call():
     """Each call turns exactly one masked position into a token drawn from that position's own
     distribution (position j puts all its mass on token 10 + j), the position chosen uniformly
     among those still masked: over 4,000 rows each of the 4 positions comes first ~1,000 times."""
-    from attnlab.generation.block_diffusion import denoise_block
 
     rows, size, seen = 4000, 4, []
 

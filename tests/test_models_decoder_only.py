@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from attnlab import BackboneConfig, ConfigError, DecoderOnly, SamplingConfig
 from attnlab.generation import choose_next
 from attnlab.generation.decoder_only import generate
-from reference_decoding import generate_uncached
+from reference_decoding import generate_uncached, left_padded_logits
 from attnlab.models.decoder_only import DecoderOnlyModel
 from attnlab.models.framing import IGNORE, frame_prefix_target
 from attnlab.families.optim import OptimizerConfig, lr_multiplier
@@ -54,7 +54,7 @@ def test_training_path_equals_generation_path_on_real_tokens():
     tokens, _ = frame_prefix_target(batch, bos=2, sep=4, eos=3, pad=0)
     right_padded = model(tokens)  # training: fused causal kernel, no explicit mask
     for row, n in enumerate([8, 5]):
-        alone = model(tokens[row : row + 1, :n], torch.ones(1, n, dtype=torch.bool))
+        alone = left_padded_logits(model, tokens[row : row + 1, :n], torch.ones(1, n, dtype=torch.bool))
         torch.testing.assert_close(right_padded[row, :n], alone[0], atol=1e-5, rtol=1e-5)
 
 

@@ -83,8 +83,13 @@ def test_beam_search_finds_the_sequence_greedy_misses():
     table = {(): {4: 0.6, 1: 0.4}, (4,): {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.1}, (1,): {3: 1.0},
              (4, 1): {3: 1.0}, (4, 2): {3: 1.0}}
     step = toy_step(table)
-    greedy = beam_search(step, ToyState(1), 1, 1, bos_id=0, eos_id=3, max_lengths=torch.tensor([5]), alpha=0.0)
-    beam = beam_search(step, ToyState(2), 1, 2, bos_id=0, eos_id=3, max_lengths=torch.tensor([5]), alpha=0.0)
+    results = []
+    for beams in (1, 2):
+        state = ToyState(beams)
+        first = step(torch.zeros(beams, 1, dtype=torch.long), state)  # after bos
+        results.append(beam_search(step, first, state, 1, beams, bos_id=0, eos_id=3, max_lengths=torch.tensor([5]),
+                                   alpha=0.0))
+    greedy, beam = results
     assert greedy == [[4, 1]]
     assert beam == [[1]]
 

@@ -96,7 +96,16 @@ def read_checkpoint(path: str | Path, arg: str = "checkpoint", map_location: str
             f"{arg}: {path} holds a model of family {recorded!r}, which this attnlab does not know "
             f"(it has {', '.join(sorted(FAMILIES))})"
         )
+    _read_as_now(ckpt["hyper_parameters"])
     return ckpt
+
+
+def _read_as_now(hyper_parameters: dict) -> None:
+    """A setting an earlier attnlab recorded that this one no longer has: generation.compile "auto"
+    (once the default) reads as false, decoding eagerly unless compiling is asked for."""
+    generation = hyper_parameters.get("generation")
+    if isinstance(generation, dict) and generation.get("compile") == "auto":
+        generation["compile"] = False
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu"):

@@ -1,4 +1,4 @@
-"""The private API of other libraries (Lightning, sacreBLEU, torch) attnlab still relies on, each name
+"""The private API of other libraries (Lightning, sacreBLEU) attnlab still relies on, each name
 listed once with why.
 
 No public API offers these; `get` / `put` are the only way the rest of the code touches one, and
@@ -13,7 +13,7 @@ from importlib.metadata import version
 from attnlab.errors import AttnlabError
 
 # the release (major.minor) of each library whose source these names were read in
-READ_IN = {"lightning": "2.6", "sacrebleu": "2.6", "torch": "2.13"}
+READ_IN = {"lightning": "2.6", "sacrebleu": "2.6"}
 
 # (class, attribute) -> why attnlab needs it
 USED = {
@@ -34,7 +34,6 @@ USED = {
     ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP "
                                            "ranks, and give stats.seed_test each seed's corpus chrF",
     ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed statistics, as sacreBLEU computes it",
-    ("Tensor", "_version"): "a weight's decoding copy is reused until an in-place change bumps this counter",
 }
 
 

@@ -136,7 +136,10 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v)
         if rotary is not None:
             q = apply_rotary(q, rotary)
-        beams = q.shape[0] // k.shape[0]  # > 1: beams of one source read its cross-attention keys once
+        beams = cache.beams if cache is not None and cache.static else 1  # > 1: beams share their source's keys
+        if q.shape[0] != k.shape[0] * beams:
+            raise ValueError(f"{q.shape[0]} rows of queries against keys of {k.shape[0]} rows, "
+                             f"{beams} row(s) of queries each")
         if beams > 1:
             q = _fold_beams(q, beams)
         out, weights = self._attend(q, k, v, mask, is_causal, need_weights)

@@ -7,10 +7,11 @@ reallocation. Cross-attention keys and values are computed once per source and n
 beams of a source read them by folding their queries together (see MultiHeadAttention).
 
 One place builds a call. `DecodeState.forward(stack, tokens, valid, noisy=)` turns "these new
-tokens" into slots (which are their positions) and `step_mask` into the mask, for every family: a decoder's
-tokens (`noisy` 0) see the keys before them; block diffusion's trial block (`noisy` tokens at the
-end) is seen by itself alone and dropped after the call, so denoising a block writes nothing
-that has to be undone or copied.
+tokens" into slots (which are their positions) and `step_mask` into the mask, for every family,
+and hands them, as one `StepInputs`, to the state's runner (`cached_forward`, or a compiled one
+chosen when the state is made). A decoder's tokens (`noisy` 0) see the keys before them; block
+diffusion's trial block (`noisy` tokens at the end) is seen by itself alone and dropped after the
+call, so denoising a block writes nothing that has to be undone or copied.
 
 Rows are ragged. Each row's real keys fill its slots from 0 without gaps: a call's valid tokens
 take the row's next slots, its padding goes after them and is overwritten later. So left-padded
@@ -20,6 +21,7 @@ calls all share one buffer, and the attended prefix is as long as the longest ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -36,13 +38,15 @@ class KVCache:
     Self-attention: `buffers` (B, H_kv, capacity, D), allocated at the first write. Before each
     call the state sets `slots` (B, n), where the call's new keys go, and `span`, the prefix
     attention reads; `update` writes there in place and returns views of the prefix.
-    Cross-attention (`static`): the source's keys and values, set once (one row per source).
-    Keys are stored after the rotary rotation, so cached positions are never recomputed.
+    Cross-attention (`static`): the source's keys and values, set once (one row per source), read
+    by `beams` rows of queries per source. Keys are stored after the rotary rotation, so cached
+    positions are never recomputed.
     """
 
     def __init__(self, static: bool = False, capacity: int = 0):
         self.static = static
         self.capacity = capacity
+        self.beams = 1  # static: the rows of queries per source (its beams, adjacent)
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots: torch.Tensor | None = None
         self.span = 0
@@ -142,20 +146,35 @@ def step_mask(valid: torch.Tensor, slots: torch.Tensor, row_end: torch.Tensor, k
     return visible[:, None]
 
 
-def cached_forward(stack, tokens, valid, slots, row_end, keys, caches, context_mask, noisy: int, causal: bool,
-                   masked: bool, last_only: bool):
+class StepInputs(NamedTuple):
+    """One decoding call's inputs besides the stack, as `DecodeState.forward` puts them together."""
+
+    tokens: torch.Tensor  # (B, n) the call's tokens
+    valid: torch.Tensor  # (B, n) real tokens (False: padding)
+    slots: torch.Tensor  # (B, n) where each token's keys go, which is also its position
+    row_end: torch.Tensor  # (B,) each row's committed keys before the call
+    keys: torch.Tensor  # (span,) the slots attention reads
+    caches: list[LayerCache]  # one per layer
+    context_mask: torch.Tensor | None  # (sources, 1, 1, S) what cross-attention may see
+    noisy: int  # the last `noisy` tokens are a trial block
+    causal: bool  # clean tokens of the call see each other causally
+    masked: bool  # some query may not see some key of the span: build the mask
+    last_only: bool  # return the last token's logits (B, V), not the hidden states (B, n, d)
+
+
+def cached_forward(stack, step: StepInputs):
     """One decoding call of `stack` over a state's caches (see `DecodeState.forward`): its hidden
     states (B, n, d), or with `last_only` the logits (B, V) of its last token. A real token's
     position is its slot, so positions need no bookkeeping of their own."""
-    mask = step_mask(valid, slots, row_end, keys, noisy, causal) if masked else None
+    mask = step_mask(step.valid, step.slots, step.row_end, step.keys, step.noisy, step.causal) if step.masked else None
     # A branch, not the condition's value: compiled with dynamic shapes the token count is symbolic,
     # and SDPA takes no symbolic is_causal (it broke a block call's graph at every attention layer).
     is_causal = False
-    if not masked and noisy == 0 and tokens.shape[1] > 1:
+    if not step.masked and step.noisy == 0 and step.tokens.shape[1] > 1:
         is_causal = True
-    hidden, _ = stack(tokens, slots, mask=mask, is_causal=is_causal, key_positions=keys, caches=caches,
-                      context_mask=context_mask)
-    return stack.embedding.logits(hidden[:, -1]) if last_only else hidden
+    hidden, _ = stack(step.tokens, step.slots, mask=mask, is_causal=is_causal, key_positions=step.keys,
+                      caches=step.caches, context_mask=step.context_mask)
+    return stack.embedding.logits(hidden[:, -1]) if step.last_only else hidden
 
 
 @dataclass
@@ -166,7 +185,10 @@ class DecodeState:
     next real token); `end`: the longest row's; `aligned`: every row has as many (a call of real
     tokens then needs no mask);
     context_mask (sources, 1, 1, S): the source tokens cross-attention may see, one row per source;
-    last_clean_hidden (B, d): shifted block diffusion's predictor of a block's first token.
+    beams: rows per source (B = sources * beams, a source's beams adjacent), set when the state is
+    made or its rows are copied to beams (`expand_beams`), never read off shapes;
+    last_clean_hidden (B, d): shifted block diffusion's predictor of a block's first token;
+    run: what makes each call, `cached_forward` or a compiled runner (generation/compiled_step.py).
     """
 
     caches: list[LayerCache]
@@ -177,16 +199,24 @@ class DecodeState:
     context_mask: torch.Tensor | None = None
     last_clean_hidden: torch.Tensor | None = None
     slot_index: torch.Tensor | None = None  # arange(capacity): the slots a call attends over are a view of it
+    beams: int = 1
+    run: Callable = cached_forward
 
     @classmethod
-    def new(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None) -> "DecodeState":
-        """Caches of `capacity` slots per row (prompt + budget, so that a decode never grows them)."""
+    def new(cls, n_layers: int, batch_size: int, capacity: int, device=None, context_mask=None, *, beams: int = 1,
+            run: Callable = cached_forward) -> "DecodeState":
+        """Caches of `capacity` slots per row (prompt + budget, so that a decode never grows them)
+        for `batch_size` rows, `beams` of them per source."""
+        if batch_size % beams:
+            raise ValueError(f"a decoding state of {batch_size} rows cannot hold {beams} beams per source")
         capacity = max(capacity, 1)
         caches = [LayerCache() for _ in range(n_layers)]
         for cache in caches:
             cache.self_attn.capacity = capacity
-        return cls(caches, torch.zeros(batch_size, dtype=torch.long, device=device), capacity,
-                   context_mask=context_mask, slot_index=torch.arange(capacity, device=device))
+        state = cls(caches, torch.zeros(batch_size, dtype=torch.long, device=device), capacity,
+                    context_mask=context_mask, slot_index=torch.arange(capacity, device=device), run=run)
+        state._set_beams(beams)
+        return state
 
     def __len__(self) -> int:
         """Slots filled by the longest row."""
@@ -196,15 +226,25 @@ class DecodeState:
     def rows(self) -> int:
         return len(self.row_end)
 
+    def _describe(self) -> str:
+        return f"{self.rows} rows ({self.rows // self.beams} sources x {self.beams} beams)"
+
+    def _set_beams(self, beams: int) -> None:
+        self.beams = beams
+        for cache in self.caches:
+            cache.cross_attn.beams = beams
+
     def forward(self, stack, tokens: torch.Tensor, valid: torch.Tensor | None = None, *, noisy: int = 0,
-                causal: bool = True, last_only: bool = False, run=cached_forward):
+                causal: bool = True, last_only: bool = False):
         """Feed `tokens` (B, n) with validity `valid` (None: all real) through `stack` over this
         state, the last `noisy` of them a trial block (seen by itself alone, then forgotten), and
-        return `run`'s result (see `cached_forward`; a compiled step passes its own `run`).
+        return the state's runner's result (see `cached_forward`).
 
         The one place a call is put together: real tokens take each row's next slots (padding
         after them, overwritten later), the caches grow when full, and the mask is built only
         when some query may not see some key of the attended prefix."""
+        if tokens.shape[0] != self.rows:
+            raise ValueError(f"a decoding call of {tokens.shape[0]} rows on a state of {self._describe()}")
         n = tokens.shape[1]
         all_valid = valid is None or bool(valid.all())
         if valid is None:
@@ -227,8 +267,8 @@ class DecodeState:
             stack.positional.check_positions(slots)
         for cache in self.caches:  # aligned: every row's new tokens take the last n slots of the span
             cache.self_attn.prepare(span, None if aligned else slots)
-        out = run(stack, tokens, valid, slots, self.row_end, self.slot_index[:span], self.caches, self.context_mask,
-                  noisy, causal, masked, last_only)
+        out = self.run(stack, StepInputs(tokens, valid, slots, self.row_end, self.slot_index[:span], self.caches,
+                                         self.context_mask, noisy, causal, masked, last_only))
         self._commit(valid, n - noisy, all_valid)
         return out
 
@@ -253,13 +293,31 @@ class DecodeState:
         self.slot_index = torch.arange(capacity, device=self.row_end.device)
 
     def reorder(self, rows: torch.Tensor, sources: torch.Tensor | None = None) -> None:
-        """Keep rows `rows` (beam search's surviving hypotheses, a prompt's cache copied to its
-        beams, or the rows still decoding); only the filled slots move. `sources`: the sources
-        the kept rows read (cross-attention), when some leave; None: each row stays with its
-        source, and the source's keys and values are not touched."""
+        """Keep rows `rows`, a row of the state for each new row (beam search's surviving
+        hypotheses, or the rows still decoding); only the filled slots move. `sources`: the
+        sources that stay, when some leave, each with its `beams` rows; None: every source stays
+        and each row stays with its source (a beam step), and the sources' keys and values are
+        not touched."""
+        if sources is None and len(rows) != self.rows:
+            raise ValueError(f"a reorder to {len(rows)} rows keeps every source of a state of {self._describe()}: "
+                             "pass the sources that stay, or copy rows to beams with expand_beams")
+        if sources is not None and len(rows) != len(sources) * self.beams:
+            raise ValueError(f"a reorder to {len(rows)} rows of {len(sources)} sources on a state of "
+                             f"{self._describe()}: each source keeps its {self.beams} beams")
         moved = None
-        if len(rows) == self.rows:  # a beam step: most beams keep their own row
+        if sources is None:  # a beam step: most beams keep their own row
             moved = (rows != torch.arange(len(rows), device=rows.device)).nonzero().squeeze(1)
+        self._take(rows, moved, sources)
+
+    def expand_beams(self, beams: int) -> None:
+        """Copy each row to `beams` adjacent rows, which become that source's beams (a prompt read
+        once, then continued by each beam)."""
+        if self.beams != 1:
+            raise ValueError(f"expand_beams({beams}) on a state of {self._describe()}: its rows are beams already")
+        self._take(torch.arange(self.rows, device=self.row_end.device).repeat_interleave(beams), None, None)
+        self._set_beams(beams)
+
+    def _take(self, rows: torch.Tensor, moved: torch.Tensor | None, sources: torch.Tensor | None) -> None:
         for cache in self.caches:
             cache.self_attn.select(rows, self.end, moved)
             if sources is not None and cache.cross_attn.k is not None:

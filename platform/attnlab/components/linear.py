@@ -1,39 +1,22 @@
 """Weights laid out for decoding: a few rows times a matrix that is read, not reused.
 
 A decoding call multiplies one row per sequence (or per beam, or a block's few tokens) by every
-weight of the model, so it streams the weights from memory and reuses none of them. On a CPU, BLAS
-reads a wide weight much faster stored (in, out) than as `nn.Linear` keeps it, (out, in): on 2 cores
-of an AMD EPYC, with the weights out of cache, a 1 x 256 row times the 8000 x 256 output projection
-took 1.0 ms as `F.linear` and 0.36 ms against the transposed copy, the 768 x 256 q/k/v projection
-98 against 53 us. Hugging Face's GPT-2 keeps its block weights (in, out) for the same reason (its
-`Conv1D`).
+weight of the model, so it streams the weights from memory and reuses none of them. A CPU's BLAS
+streams a wide weight faster stored (in, out) than as `nn.Linear` keeps it, (out, in) (Hugging
+Face's GPT-2 keeps its block weights (in, out) for the same reason, its `Conv1D`). BLAS also runs
+a one-row product on one thread, so for a single row the copy is kept as P =
+torch.get_num_threads() blocks of rows (P, in / P, out), multiplied as P partial products in one
+batched product and summed. Narrow weights get the copy too: a compiled graph lowers a one-row
+product by them to a loop of its own instead of calling BLAS. Two to `FEW_ROWS` rows (a source's
+beams, a block of one row) are multiplied as weight @ xᵀ, which BLAS splits over the weight's
+rows; more rows use the copy as one (in, out) matrix.
 
-BLAS runs a one-row product on one thread, which gets about 60 % of the memory bandwidth two
-threads do. So the copy is kept as P = torch.get_num_threads() blocks of rows (P, in / P, out),
-and a single row is multiplied as P partial products in one batched product, one block per
-thread, then summed (the output projection: 0.36 -> 0.26 ms). Narrow weights (the feed-forward's
-down projection) read about as fast either way eagerly, but a compiled graph lowers a one-row
-product by them to its own loop (about 6 % of a compiled batch-1 step), so they get the copy too.
-
-Two to `FEW_ROWS` rows (beam search's 4 beams of one source, a block-diffusion block of one row)
-are slow both ways, because BLAS splits a product over its rows: the transposed product
-weight @ xᵀ, over the weight's rows, read its 8000 x 256 output projection in 0.6 against 1.5 ms
-at 4 rows, and took an EncoderDecoder beam step at batch 1 from 6.3 to 5.1 ms eagerly and from
-5.4 to 3.7 ms compiled. More rows use the copy as one (in, out) matrix.
-
-`decode_layout(model)` gives every weight of a CPU model its copy for the length of a decode;
-`Linear` and `TokenEmbedding.logits` multiply by it when it is there. The products are
-`F.linear`'s to float rounding: for some row counts BLAS sums in another order in the two layouts.
-
-Making the copies is a transpose of every weight: 12-17 ms for the bench's 5M-parameter model on 2
-cores, 0.1 ms a token of a 128-token decode at batch 1, about 7 % of it compiled. So a weight keeps
-its copy between decodes (`_KEPT`, for as long as the weight lives) and the next decode reuses it
-unless the weight has changed since: an optimizer step, `load_state_dict` or any in-place write
-bumps the tensor's version counter, and new data (`weight.data = ...`) is another tensor. A write
-through `weight.data` bypasses the counter: Lightning's weight averaging (EMA) swaps weights that
-way, so a family forgets its copies at the start of every validation, test and predict epoch
-(`forget_decoding_copies`). A CPU model that has decoded holds its weights twice, as it already
-did during the decode.
+`decode_layout(model)` is the one place copies exist: it makes them when a decode starts and drops
+them when it ends, so a decode always multiplies the weights as they are at its start, whatever
+wrote them before (an optimizer, `load_state_dict`, a weight-averaging callback through `.data`),
+and nothing outlives it. `Linear` and `TokenEmbedding.logits` multiply by a copy when one is there.
+The products are `F.linear`'s to float rounding: for some row counts BLAS sums in another order.
+A GPU model, or a sharded one, decodes from its weights as they are.
 """
 from __future__ import annotations
 
@@ -42,19 +25,14 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
-
-from attnlab.compat import private_api
 
 
 def _split_row(row: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """(1, in) times the (P, in / P, out) blocks: P partial products, one slice of `in` each, summed.
 
     A `baddbmm` that ignores its input (beta 0), not a `bmm`: the same BLAS call and the same bits
-    eagerly, but Inductor lowers a one-row `bmm` on a CPU to its own single-threaded loop of
-    multiply-adds, while it calls `baddbmm` from C++ as it is. (An operator of attnlab's own,
-    which compiled graphs also call as it is, crossed into Python at every product: a chain of 8
-    compiled products took 722 against 312 us.)"""
+    eagerly, but Inductor lowers a one-row `bmm` on a CPU to a single-threaded loop of its own,
+    while it calls `baddbmm` as it is."""
     return torch.baddbmm(blocks.new_zeros(()), row.view(blocks.shape[0], 1, -1), blocks, beta=0).sum(0)
 
 
@@ -106,44 +84,17 @@ def decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
     return weight.detach().t().contiguous().view(parts, -1, weight.shape[0])
 
 
-# weight -> (what the copy was made from: an alias of the weight, its version, the thread blocks; the copy)
-_KEPT: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def kept_decoding_copy(weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """`decoding_copy(weight, parts)`, made again only when the weight has changed since the last
-    one. The alias (a `detach()`, which shares the weight's storage but not the Parameter) keeps
-    that storage alive, so new data can never take its address and pass for it. A copy is made
-    outside inference mode, so that a decode outside it can reuse a copy made in a validation; an
-    inference tensor as weight has no version counter and is copied every time."""
-    if weight.is_inference():
-        return decoding_copy(weight, parts)
-    version = private_api.get(weight, "_version")
-    alias, kept_version, kept_parts, copy = _KEPT.get(weight, (None, None, None, None))
-    if copy is None or not (alias.is_set_to(weight) and kept_version == version and kept_parts == parts):
-        with torch.inference_mode(False):
-            copy = decoding_copy(weight, parts)
-            _KEPT[weight] = (weight.detach(), version, parts, copy)
-    return copy
-
-
-def forget_decoding_copies(model: nn.Module) -> None:
-    """Drop the kept copies of `model`'s weights: the next decode copies them again."""
-    for weight in model.parameters():
-        _KEPT.pop(weight, None)
-
-
 @contextlib.contextmanager
 def decode_layout(model: nn.Module):
     """Within the block, every weight of `model`'s modules that read `decode_weight`
-    (`Linear`, `TokenEmbedding`) has its decoding copy. Re-entrant: an inner block keeps the
-    copies of an outer one."""
+    (`Linear`, `TokenEmbedding`) has a decoding copy, made on entry from the weight as it is then
+    and dropped on exit. Re-entrant: an inner block keeps the copies of an outer one."""
     given = [m for m in model.modules()
              if hasattr(type(m), "decode_weight") and m.decode_weight is None and _laid_out(m)]
     parts = torch.get_num_threads()
     try:
         for module in given:
-            module.decode_weight = kept_decoding_copy(module.weight, parts)
+            module.decode_weight = decoding_copy(module.weight, parts)
         yield
     finally:
         for module in given:

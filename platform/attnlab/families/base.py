@@ -23,7 +23,6 @@ from attnlab.families.evaluation import EvaluationSteps
 from attnlab.families.metrics import EvalMetrics
 from attnlab.families.optim import OptimizerConfig, build_optimizer
 from attnlab.generation import SamplingConfig
-from attnlab.generation.compiled_step import compile_pays
 from attnlab.models.losses import LossTerms
 from attnlab.training.flops import FlopCounter
 from attnlab.training.mfu import MFU
@@ -214,30 +213,6 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             for stack in self.attention_stacks().values():
                 stack.compile(dynamic=True, backend=self.compile_backend)
             self._compiled = True
-
-    def decoding_compiled(self, batch) -> bool:
-        """Whether this batch's decode is compiled (`generation.compile`). "auto" bounds the calls
-        of this run's decoding, its batches to decode times the longest budget of this batch, and
-        compiles when they win a compile back (`compile_pays`). A length the loaders cannot tell
-        (a stream) counts one batch."""
-        setting = self.sampling.compile
-        if isinstance(setting, bool):
-            return setting
-        return compile_pays(setting, self._decoding_batches() * int(self.max_output_length(batch["source_lengths"]).max()))
-
-    def _decoding_batches(self) -> float:
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # not attached to a Trainer: one batch
-            return 1
-        fn = trainer.state.fn
-        counts = (trainer.num_test_batches if fn == "test" else trainer.num_predict_batches if fn == "predict"
-                  else trainer.num_val_batches)
-        total = sum(counts)
-        batches = total if counts and math.isfinite(total) else 1
-        if fn == "fit" and (trainer.max_epochs or 0) > 0:  # every validation that generates
-            batches *= sum(self._generates_in(epoch, trainer.max_epochs) for epoch in range(1, trainer.max_epochs + 1))
-        return batches
 
     def decoding_stack(self):
         """The stack whose forward calls are the model calls (NFE) of generation."""

@@ -399,5 +399,5 @@ class BlockDiffusion(FamilyModule):
         return sample_blocks(
             self.model, prompts, max_new_tokens=max_new, block_size=self.block_size, steps=self.denoising_steps,
             eos_id=ids.eos, pad_id=ids.pad, sampling=self.sampling, unmasking=self.unmasking,
-            threshold=self.threshold, compiled=self.decoding_compiled(batch),
+            threshold=self.threshold, compiled=self.sampling.compile,
         )

@@ -52,9 +52,9 @@ class DecoderOnly(FamilyModule):
         ids, cfg = self.special, self.sampling
         if cfg.beam_size > 1:
             return generate_beam(self.model, prompts, max_new_tokens=max_new, eos_id=ids.eos, pad_id=ids.pad,
-                                 beam_size=cfg.beam_size, alpha=cfg.length_penalty, compiled=self.decoding_compiled(batch))
+                                 beam_size=cfg.beam_size, alpha=cfg.length_penalty, compiled=cfg.compile)
         return generate(self.model, prompts, max_new_tokens=max_new, eos_id=ids.eos, pad_id=ids.pad, sampling=cfg,
-                        compiled=self.decoding_compiled(batch))
+                        compiled=cfg.compile)
 
     def sample_decodings(self, steps, thresholds, unmasking):
         return [{}]  # one token a call

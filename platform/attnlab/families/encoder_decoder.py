@@ -79,9 +79,9 @@ class EncoderDecoder(FamilyModule):
         if cfg.beam_size > 1:
             return translate_beam(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
                                   beam_size=cfg.beam_size, alpha=cfg.length_penalty, prefixes=prefixes, pad_id=ids.pad,
-                                  compiled=self.decoding_compiled(batch))
+                                  compiled=cfg.compile)
         return translate_greedy(self.model, encoded, max_lengths=max_lengths, bos_id=ids.bos, eos_id=ids.eos,
-                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=self.decoding_compiled(batch))
+                                pad_id=ids.pad, prefixes=prefixes, sampling=cfg, compiled=cfg.compile)
 
     def bench_decodings(self, batch, new, beam, eos_id):
         """Each row's source translated into `new` tokens, the encoder inside the timed call."""

@@ -9,7 +9,6 @@ import time
 
 import torch
 
-from attnlab.components.linear import forget_decoding_copies
 from attnlab.errors import ConfigError
 from attnlab.generation.model_calls import CallCounter
 from attnlab.families.metrics import (
@@ -86,10 +85,7 @@ class EvaluationSteps:
         budgets = self.max_output_length(batch["source_lengths"]).tolist()
         return [len(row) + (len(row) < budget) for row, budget in zip(ids, budgets)]
 
-    # Each evaluation decodes from fresh copies of the weights (components/linear.py): Lightning's
-    # weight averaging swaps the averaged weights in and out through `.data`, unseen by the copies.
     def on_validation_epoch_start(self):
-        forget_decoding_copies(self)
         self.examples, self.example_records = [], []
 
     def validation_step(self, batch, batch_idx):
@@ -111,7 +107,6 @@ class EvaluationSteps:
         self.val_metrics.reset()
 
     def on_test_epoch_start(self):
-        forget_decoding_copies(self)
         self.examples, self.example_records = [], []
 
     def test_step(self, batch, batch_idx):
@@ -120,9 +115,6 @@ class EvaluationSteps:
     def on_test_epoch_end(self):
         self.log_dict(self.test_metrics.compute("test"), batch_size=1, sync_dist=True)
         self.test_metrics.reset()
-
-    def on_predict_epoch_start(self):
-        forget_decoding_copies(self)
 
     def predict_step(self, batch, batch_idx):
         """Rows for predictions.jsonl; a distributed sampler's padding rows are dropped, and `index`

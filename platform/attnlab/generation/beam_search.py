@@ -16,6 +16,7 @@ def length_penalty(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
 @torch.no_grad()
 def beam_search(
     step: Callable[[torch.Tensor, object], torch.Tensor],
+    first_log_probs: torch.Tensor,
     state,
     batch_size: int,
     beam_size: int,
@@ -27,15 +28,20 @@ def beam_search(
 ) -> list[list[int]]:
     """Best hypothesis per source, without bos / eos.
 
-    `state` holds batch_size * beam_size rows (beams of one source adjacent) and has a
-    `reorder(rows, sources=None)` method (a DecodeState: rows move within their sources at each
-    step, and sources leave with their rows at compaction); `step(last_tokens (N, 1), state) -> log-probabilities (N, V)`
-    advances it by one token. A finished beam (eos, or max_lengths tokens) keeps its score and only extends with eos.
-    Beams are ranked by raw log-probability while searching and by score / length penalty
-    at the end. With beam_size 1 this is exactly greedy decoding. `compact`: a source whose
-    beams have all finished leaves the batch and the state (see `compaction_due`); its
-    hypotheses can no longer change, so the outputs are the same.
+    `first_log_probs` (batch_size * beam_size, V) predict the first token (each source's row
+    repeated for its beams, as `token_loop` takes its `first_logits`). `state` holds
+    batch_size * beam_size rows (beams of one source adjacent) and has a `reorder(rows,
+    sources=None)` method (a DecodeState: rows move within their sources at each step, and sources
+    leave with their rows at compaction); `step(last_tokens (N, 1), state) -> log-probabilities
+    (N, V)` advances it by one token. A finished beam (eos, or max_lengths tokens) keeps its score
+    and only extends with eos. Beams are ranked by raw log-probability while searching and by
+    score / length penalty at the end. With beam_size 1 this is exactly greedy decoding.
+    `compact`: a source whose beams have all finished leaves the batch and the state (see
+    `compaction_due`); its hypotheses can no longer change, so the outputs are the same.
     """
+    if len(first_log_probs) != batch_size * beam_size:
+        raise ValueError(f"first_log_probs has {len(first_log_probs)} rows for {batch_size} sources x "
+                         f"{beam_size} beams")
     device = max_lengths.device
     n, k = batch_size, beam_size
     scores = torch.full((n, k), float("-inf"), device=device)
@@ -46,8 +52,11 @@ def beam_search(
     row_max = max_lengths.repeat_interleave(k)
     live = torch.arange(n, device=device)  # the original source of each source in the batch
     best: dict[int, list[int]] = {}
+    log_probs = first_log_probs
     for t in range(int(max_lengths.max())):
-        log_probs = step(tokens[:, -1:], state).float()
+        if t:
+            log_probs = step(tokens[:, -1:], state)
+        log_probs = log_probs.float()
         vocab = log_probs.shape[-1]
         eos_only = torch.full_like(log_probs, float("-inf"))
         eos_only[:, eos_id] = 0.0

@@ -13,7 +13,6 @@ import math
 
 import torch
 
-from attnlab.generation.compiled_step import step_runner
 from attnlab.generation.loop import compaction_due, decoding, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next
 
@@ -73,17 +72,6 @@ def reveal(block, logits, calls: int, steps: int, mask_id: int, sampling: Sampli
                                                  block.gather(1, chosen)))
 
 
-def denoise_block(block, logits_of, steps: int, mask_id: int, sampling: SamplingConfig, unmasking: str,
-                  generator: torch.Generator | None = None, threshold: float = 0.9) -> torch.Tensor:
-    """Turn a (B, n) block into tokens, calling `logits_of(block)` and `reveal` until nothing is
-    masked: one block on its own, as `sample_blocks` denoises each row's blocks."""
-    calls = 0
-    while bool((block == mask_id).any()):
-        block = reveal(block, logits_of(block), calls, steps, mask_id, sampling, unmasking, generator, threshold)
-        calls += 1
-    return block
-
-
 @decoding
 def sample_blocks(
     model,
@@ -121,8 +109,7 @@ def sample_blocks(
     if not n_blocks:
         return [[] for _ in prompts]
     # The prompt, every block, and the last one's trial (its clean predecessor joins in the same call).
-    state = model.new_state(rows, tokens.shape[1] + (n_blocks + 1) * block_size, device)
-    run = step_runner(compiled)
+    state = model.new_state(rows, tokens.shape[1] + (n_blocks + 1) * block_size, device, compiled=compiled)
     compact = compact and not compiled
     deterministic = sampling.temperature == 0.0 and unmasking not in ("random", "first_hitting")  # see token_loop on sampling
     out = torch.full((rows, n_blocks * block_size), pad_id, dtype=torch.long, device=device)
@@ -133,7 +120,7 @@ def sample_blocks(
     clean, clean_valid = tokens, valid  # joins the cache in the next call
     calls = 0  # calls on the current block (the same for every row, unless threshold-ragged)
     while True:
-        logits = model.advance(clean, clean_valid, block, state, run)
+        logits = model.advance(clean, clean_valid, block, state)
         block = reveal(block, logits, calls, steps, mask_id, sampling, unmasking, generator, threshold)
         calls += 1
         ready = (block != mask_id).all(dim=1) & ~done

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.compiled_step import step_runner
 from attnlab.generation.loop import capacity_for, decoding, left_pad, row_budgets, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
@@ -31,12 +30,11 @@ def generate(
     device = next(model.parameters()).device
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, len(prompts), device)
-    state = model.new_state(len(prompts), capacity_for(tokens.shape[1], budgets), device)
-    run = step_runner(compiled)
-    first = state.forward(model.stack, tokens, valid, last_only=True, run=run)
+    state = model.new_state(len(prompts), capacity_for(tokens.shape[1], budgets), device, compiled=compiled)
+    first = state.forward(model.stack, tokens, valid, last_only=True)
 
     def step(token, ok):
-        return state.forward(model.stack, token[:, None], ok[:, None], last_only=True, run=run)
+        return state.forward(model.stack, token[:, None], ok[:, None], last_only=True)
 
     return token_loop(step, first, budgets, eos_id=eos_id, pad_id=pad_id, sampling=sampling, generator=generator,
                       return_logits=return_logits, compact=state.keep if compact and not compiled else None)
@@ -51,15 +49,12 @@ def generate_beam(model, prompts: list[list[int]], *, max_new_tokens: int | torc
     n = len(prompts)
     tokens, valid = left_pad(prompts, pad_id, device)
     budgets = row_budgets(max_new_tokens, n, device)
-    state = model.new_state(n, capacity_for(tokens.shape[1], budgets), device)
+    state = model.new_state(n, capacity_for(tokens.shape[1], budgets), device, compiled=compiled)
     after_prompt = state.forward(model.stack, tokens, valid, last_only=True).log_softmax(dim=-1)
-    state.reorder(torch.arange(n, device=device).repeat_interleave(beam_size))
-    pending = [after_prompt.repeat_interleave(beam_size, dim=0)]
-    run = step_runner(compiled)
+    state.expand_beams(beam_size)
 
     def step(last_tokens, st):
-        if pending:  # the first step continues the prompt, already computed
-            return pending.pop()
-        return state.forward(model.stack, last_tokens, last_only=True, run=run).log_softmax(dim=-1)
+        return state.forward(model.stack, last_tokens, last_only=True).log_softmax(dim=-1)
 
-    return beam_search(step, state, n, beam_size, pad_id, eos_id, budgets, alpha, compact=compact and not compiled)
+    return beam_search(step, after_prompt.repeat_interleave(beam_size, dim=0), state, n, beam_size, pad_id, eos_id,
+                       budgets, alpha, compact=compact and not compiled)

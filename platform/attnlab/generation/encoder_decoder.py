@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from attnlab.generation.beam_search import beam_search
-from attnlab.generation.compiled_step import step_runner
 from attnlab.generation.loop import capacity_for, decoding, left_pad, token_loop
 from attnlab.generation.sampling import SamplingConfig
 
@@ -36,12 +35,11 @@ def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, 
     """Token by token after bos (or each row's prefix), each row within its budget `max_lengths` (B,);
     `compact`: in greedy decoding finished rows leave the batch (the same outputs, less compute).
     `compiled`: each step compiled (no compaction)."""
-    state = model.start_state(encoded, _capacity(prefixes, max_lengths))
+    state = model.start_state(encoded, _capacity(prefixes, max_lengths), compiled=compiled)
     first = _start(model, state, prefixes, bos_id, pad_id, len(max_lengths), encoded.memory.device)
-    run = step_runner(compiled)
 
     def step(tokens, valid):
-        return state.forward(model.decoder, tokens[:, None], valid[:, None], last_only=True, run=run)
+        return state.forward(model.decoder, tokens[:, None], valid[:, None], last_only=True)
 
     return token_loop(step, first, max_lengths, eos_id=eos_id, pad_id=pad_id, sampling=sampling,
                       generator=generator, return_logits=return_logits,
@@ -52,22 +50,21 @@ def translate_greedy(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, 
 def translate_beam(model, encoded, *, max_lengths: torch.Tensor, bos_id: int, eos_id: int, beam_size: int,
                    alpha: float, prefixes: list[list[int]] | None = None, pad_id: int = 0, compact: bool = True,
                    compiled: bool = False):
+    """Beam search after bos (or each row's prefix), each source within its budget
+    `max_lengths` (B,). `compiled`: as in `translate_greedy` (compiled beams keep finished sources
+    in the batch)."""
     n = encoded.memory.shape[0]
     capacity = _capacity(prefixes, max_lengths)
-    if prefixes is None:
-        state = model.start_state(encoded, capacity, beams=beam_size)
-        pending = []
+    if prefixes is None:  # every beam reads bos
+        state = model.start_state(encoded, capacity, beams=beam_size, compiled=compiled)
+        first = _start(model, state, None, bos_id, pad_id, n * beam_size, encoded.memory.device)
     else:  # read each prefix once, then copy its cache to each beam
-        state = model.start_state(encoded, capacity)
-        after = _start(model, state, prefixes, bos_id, pad_id, n, encoded.memory.device).log_softmax(dim=-1)
-        state.reorder(torch.arange(n, device=after.device).repeat_interleave(beam_size))
-        pending = [after.repeat_interleave(beam_size, dim=0)]
-    run = step_runner(compiled)
+        state = model.start_state(encoded, capacity, compiled=compiled)
+        first = _start(model, state, prefixes, bos_id, pad_id, n, encoded.memory.device).repeat_interleave(beam_size, 0)
+        state.expand_beams(beam_size)
 
     def log_probs(last, st):
-        if pending:
-            return pending.pop()
-        return state.forward(model.decoder, last, last_only=True, run=run).log_softmax(dim=-1)
+        return state.forward(model.decoder, last, last_only=True).log_softmax(dim=-1)
 
-    return beam_search(log_probs, state, n, beam_size, bos_id, eos_id, max_lengths, alpha,
+    return beam_search(log_probs, first.log_softmax(dim=-1), state, n, beam_size, bos_id, eos_id, max_lengths, alpha,
                        compact=compact and not compiled)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from attnlab.errors import ConfigError
+from attnlab.generation.compiled_step import check_compilable
 
 
 @dataclass
@@ -17,10 +17,9 @@ class SamplingConfig:
     GNMT length penalty `length_penalty` (alpha; 0.6 in the paper).
 
     compile: each decoding call torch.compiled (one graph for every step, dynamic shapes, compiled
-    at the first batch: tens of seconds on a CPU). Same tokens as eager; per call it pays at every
-    batch size on the bench, but a short evaluation does not earn back the compile. "auto" (the
-    default) compiles where it does: when a run's decoding makes at least the calls the bench says
-    win a compile back (`compiled_step.compile_pays`); true and false force it.
+    at the first batch: seconds to minutes). The same tokens as eager; off by default, since only
+    long decodes win the compile back and how long depends on the device
+    (generation/compiled_step.py).
     """
 
     temperature: float = 0.0
@@ -29,7 +28,7 @@ class SamplingConfig:
     max_new_tokens: int | None = None  # None: source length + 50 (the paper's rule)
     beam_size: int = 1
     length_penalty: float = 0.6
-    compile: bool | Literal["auto"] = "auto"
+    compile: bool = False
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -40,8 +39,13 @@ class SamplingConfig:
             raise ConfigError(
                 f"generation.max_new_tokens={self.max_new_tokens} must be >= 1 (or null: source length + 50)"
             )
-        if not isinstance(self.compile, bool) and self.compile != "auto":
-            raise ConfigError(f"generation.compile={self.compile!r} must be true, false or auto")
+        if self.compile == "auto":
+            raise ConfigError("generation.compile=auto is no longer a setting (no one count of calls makes compiling "
+                              "pay on every device): set generation.compile true to compile decoding, or false")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"generation.compile={self.compile!r} must be true or false")
+        if self.compile:
+            check_compilable()
         if self.beam_size < 1:
             raise ConfigError(f"generation.beam_size={self.beam_size} must be >= 1 (1 = greedy / sampling)")
         if not 0.0 < self.top_p <= 1.0:

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
-from attnlab.components.kv_cache import cached_forward
 from attnlab.components.masks import block_diffusion_flex_mask, block_diffusion_mask
 from attnlab.errors import ConfigError
+from attnlab.generation.compiled_step import step_runner
 
 MASK_BACKENDS = ("auto", "dense", "flex")
 CONTEXTS = ("block_causal", "causal")
@@ -58,15 +58,6 @@ class BlockDiffusionModel(nn.Module):
         no_dropout = not (self.training and cfg.attention_dropout)
         return tokens.is_cuda and not self.stack.positional.adds_score_bias and cfg.backend == "sdpa" and no_dropout
 
-    def denoise(self, noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions=None):
-        """Hidden states (B, Ln, d) that predict the noisy tokens, given the clean sequence: the
-        noisy tokens' own, or with `shift` those of the token before each (see `predictors`).
-
-        Block indices are -1 on padding; clean positions default to 0..Lc-1 (right padding).
-        """
-        hidden, _ = self.joint_pass(noisy, noisy_blocks, noisy_positions, clean, clean_blocks, clean_positions)
-        return self.predictors(hidden, noisy_blocks, noisy_positions, clean_blocks, clean_positions)
-
     def predictors(self, hidden, noisy_blocks, noisy_positions, clean_blocks, clean_positions=None):
         """From the joint pass's hidden states (B, Ln+Lc, d), those that predict each noisy token:
         without shift its own; with shift, inside a block the noisy token before it, and for a
@@ -104,11 +95,12 @@ class BlockDiffusionModel(nn.Module):
         return self.stack(tokens, positions, mask=mask, need_weights=need_weights)
 
     # ---- incremental: the sampler's path ---------------------------------------------------------
-    def new_state(self, batch_size: int, capacity: int, device=None) -> DecodeState:
-        """A decoding state whose caches hold `capacity` tokens per row before they grow."""
-        return DecodeState.new(len(self.stack.layers), batch_size, capacity, device)
+    def new_state(self, batch_size: int, capacity: int, device=None, *, compiled: bool = False) -> DecodeState:
+        """A decoding state whose caches hold `capacity` tokens per row before they grow, whose
+        calls are compiled with `compiled` (generation/compiled_step.py)."""
+        return DecodeState.new(len(self.stack.layers), batch_size, capacity, device, run=step_runner(compiled))
 
-    def advance(self, clean, clean_valid, noisy, state: DecodeState, run=cached_forward) -> torch.Tensor:
+    def advance(self, clean, clean_valid, noisy, state: DecodeState) -> torch.Tensor:
         """Logits (B, n, V) of a noisy block placed after the cache and after `clean`.
 
         `clean` (the prompt, with `clean_valid` marking its left padding, or each row's block just
@@ -116,14 +108,13 @@ class BlockDiffusionModel(nn.Module):
         cache in the same call: its tokens see the cache and each other (causally with a causal
         context), never the noisy block. The noisy block is a trial (`DecodeState.forward`): its
         keys are not kept, so denoising a block costs one call per step and nothing to commit it.
-        `run`: the call, eager or compiled (see `DecodeState.forward`).
         """
         n_clean = 0 if clean is None else clean.shape[1]
         tokens, valid = noisy, None
         if n_clean:
             tokens = torch.cat((clean, noisy), dim=1)
             valid = torch.cat((clean_valid, torch.ones_like(noisy, dtype=torch.bool)), dim=1)
-        hidden = state.forward(self.stack, tokens, valid, noisy=noisy.shape[1], causal=self.causal, run=run)
+        hidden = state.forward(self.stack, tokens, valid, noisy=noisy.shape[1], causal=self.causal)
         return self._block_logits(hidden, n_clean, None if valid is None else clean_valid[:, -1], state)
 
     def _block_logits(self, hidden: torch.Tensor, n_clean: int, committed, state: DecodeState) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
-from attnlab.components.masks import causal_padding_mask
+from attnlab.generation.compiled_step import step_runner
 
 
 class DecoderOnlyModel(nn.Module):
@@ -13,26 +13,24 @@ class DecoderOnlyModel(nn.Module):
         super().__init__()
         self.stack = TransformerStack(cfg, vocab_size, pad_id=pad_id)
 
-    def new_state(self, batch_size: int, capacity: int, device=None) -> DecodeState:
-        """A decoding state whose caches hold `capacity` tokens per row before they grow."""
-        return DecodeState.new(len(self.stack.layers), batch_size, capacity, device)
+    def new_state(self, batch_size: int, capacity: int, device=None, *, compiled: bool = False) -> DecodeState:
+        """A decoding state whose caches hold `capacity` tokens per row before they grow, whose
+        calls are compiled with `compiled` (generation/compiled_step.py)."""
+        return DecodeState.new(len(self.stack.layers), batch_size, capacity, device, run=step_runner(compiled))
 
     def hidden(self, tokens, valid=None, state: DecodeState | None = None, need_weights=False):
         """Final hidden states (B, L, d) and per-layer attention weights.
 
         Training passes right-padded tokens alone: pads only follow real tokens, so the causal
         mask is exact for every real query and the fused causal kernel is used. Generation passes
-        a `state` to decode incrementally (`valid`: left padding of prompts); `valid` without a
-        state runs a left-padded batch in one call (the uncached reference in tests).
+        a `state` to decode incrementally (`valid`: left padding of prompts).
         """
         if state is not None:
             return state.forward(self.stack, tokens, valid), []
-        if valid is None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
-            return self.stack(tokens, positions, is_causal=True, need_weights=need_weights)
-        positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-        return self.stack(tokens, positions, mask=causal_padding_mask(valid, tokens.shape[1]),
-                          key_positions=positions, need_weights=need_weights)
+        if valid is not None:
+            raise ValueError("valid (left padding) is read by incremental decoding only: pass a state from new_state")
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.stack(tokens, positions, is_causal=True, need_weights=need_weights)
 
     def forward(self, tokens, valid=None, state: DecodeState | None = None) -> torch.Tensor:
         """Logits (B, L, V)."""

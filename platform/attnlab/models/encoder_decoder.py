@@ -8,6 +8,7 @@ from torch import nn
 
 from attnlab.components import BackboneConfig, DecodeState, TransformerStack
 from attnlab.components.masks import padding_mask
+from attnlab.generation.compiled_step import step_runner
 
 
 @dataclass
@@ -68,12 +69,14 @@ class EncoderDecoderModel(nn.Module):
         hidden, _ = self.decode(target_in, encoded)
         return self.logits(hidden)
 
-    def start_state(self, source: EncodedSource, capacity: int, beams: int = 1) -> DecodeState:
+    def start_state(self, source: EncodedSource, capacity: int, beams: int = 1, *, compiled: bool = False) -> DecodeState:
         """A decoding state of `beams` rows per source whose cross-attention K/V are computed once
         per source and never copied: a source's beams read them together (see MultiHeadAttention);
-        the memory itself is not kept, only its mask. `capacity`: decoder tokens per row."""
+        the memory itself is not kept, only its mask. `capacity`: decoder tokens per row;
+        `compiled`: its calls compiled (generation/compiled_step.py)."""
         rows = len(source.mask) * beams
-        state = DecodeState.new(len(self.decoder.layers), rows, capacity, source.mask.device, context_mask=source.mask)
+        state = DecodeState.new(len(self.decoder.layers), rows, capacity, source.mask.device, context_mask=source.mask,
+                                beams=beams, run=step_runner(compiled))
         for cache, layer in zip(state.caches, self.decoder.layers):  # contiguous: read at every step
             cache.cross_attn.update(*(x.contiguous() for x in layer.cross_attn.inner.project_kv(source.memory)))
         return state
