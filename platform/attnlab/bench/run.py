@@ -168,7 +168,7 @@ def bench_training(shape, options, args, peaks, say):
 def generation_rounds(shape: BenchShape, batch: int, rounds: int) -> tuple[int, int]:
     """(timed rounds, new tokens of the warm-up call) at `batch`: max(3, rounds) rounds after a
     full-length warm-up call (the targets compare rows within a few per cent of each other, and a
-    round's ratios scatter by about 10 % on a shared CPU), or, from gen_few_rounds_from rows on,
+    round's ratios scatter on a shared CPU), or, from gen_few_rounds_from rows on,
     gen_few_rounds after a short one (two blocks of tokens: enough for every compiled step to run,
     so any compiling happens there)."""
     if batch >= shape.gen_few_rounds_from:

@@ -25,9 +25,9 @@ class BenchShape:
     gen_beam: int = 4  # the beam of the beam-search rows (DecoderOnly, EncoderDecoder, HF generate)
     # Batches this large or larger: gen_few_rounds timed rounds after a short warm-up call (2 blocks
     # of new tokens, where any compiling happens) instead of max(3, rounds) rounds after a full
-    # one: on 2 CPU cores one 128-token beam search at batch 256 takes 25-70 s. Three rounds:
-    # paired, so that twin rows' ratio is taken round by round, and their median outlasts one slow
-    # spell (with two, one round 24 % slower than the other read as a 0.94x "miss").
+    # one: a full-length beam search at such a batch is long on a CPU. Three rounds: paired, so
+    # that twin rows' ratio is taken round by round, and their median outlasts one slow spell
+    # (with two, one slow round decides the ratio).
     gen_few_rounds_from: int = 256
     gen_few_rounds: int = 3
     reference_max_batch: int = 16  # nn.Transformer (no cache) re-decodes every prefix: not beyond this

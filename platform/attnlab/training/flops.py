@@ -42,8 +42,8 @@ def table_peak(device: torch.device, precision: str) -> float | None:
 
 
 # Square matmul sizes the peak is measured at: the best of them is the peak, as no one size is
-# fastest on every machine (a 1024² matmul on 2 CPU cores ran slower than the model steps it
-# was divided by, which printed MFU above 100 %).
+# fastest on every machine (one size alone can run slower than the model steps divided by it,
+# which would print MFU above 100 %).
 PEAK_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (4096, 8192, 16384)}
 
 
