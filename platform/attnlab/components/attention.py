@@ -90,7 +90,7 @@ class MultiHeadAttention(nn.Module):
 
     def _split(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, n_heads, self.head_dim).transpose(1, 2)
+        return x.view(b, n, n_heads, self.head_dim).transpose(1, 2)  # (B, n, H * D) -> (B, H, n, D)
 
     def project_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H_kv, L, D) of a sequence; cross-attention caches them once per source."""
@@ -120,20 +120,20 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Lq, d); context (B, Lk, d) for cross-attention; mask bool (True = attend) or additive float."""
         if context is None:
-            q, k, v = self.project_qkv(x)
+            q, k, v = self.project_qkv(x)  # (B, H, Lq, D), (B, H_kv, Lq, D) x 2
         elif self.qkv_proj is not None:
             raise ValueError("fused q/k/v is self-attention only: build cross-attention with cross_attention=True")
         else:
-            q = self._split(self.q_proj(x), self.n_heads)
+            q = self._split(self.q_proj(x), self.n_heads)  # (B, H, Lq, D)
         if cache is not None and cache.static and len(cache):
             k, v = cache.k, cache.v
         else:
             if context is not None:
-                k, v = self.project_kv(context)
+                k, v = self.project_kv(context)  # (B, H_kv, Lk, D)
             if rotary is not None:
                 k = apply_rotary(k, rotary)
             if cache is not None:
-                k, v = cache.update(k, v)
+                k, v = cache.update(k, v)  # (B, H_kv, cached + Lq, D)
         if rotary is not None:
             q = apply_rotary(q, rotary)
         beams = cache.beams if cache is not None and cache.static else 1  # > 1: beams share their source's keys
@@ -141,14 +141,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{q.shape[0]} rows of queries against keys of {k.shape[0]} rows, "
                              f"{beams} row(s) of queries each")
         if beams > 1:
-            q = _fold_beams(q, beams)
-        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
+            q = _fold_beams(q, beams)  # (S * beams, H, Lq, D) -> (S, H, beams * Lq, D)
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)  # (B, H, Lq, D)
         if beams > 1:
             out = _unfold_beams(out, beams)
             weights = None if weights is None else _unfold_beams(weights, beams)
         if self.heads_masked:
             out = out * self.head_mask[None, :, None, None].to(out.dtype)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, Lq, H * D)
         return self.out_proj(out), weights
 
     def _attend(self, q, k, v, mask, is_causal: bool, need_weights: bool):

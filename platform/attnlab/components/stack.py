@@ -69,9 +69,10 @@ class TransformerStack(nn.Module):
         """
         if not torch.compiler.is_compiling():  # a compiled decode step checks before it is called
             self.positional.check_positions(positions)
-        x = self.positional.add_to_embeddings(self.embedding(tokens), positions)
+        x = self.positional.add_to_embeddings(self.embedding(tokens), positions)  # (B, L) -> (B, L, d)
         x = self.drop(x)
         rotary = self.positional.rotary(positions)
+        # (B|1, H, L, Lk) or None
         bias = self.positional.score_bias(positions, positions if key_positions is None else key_positions)
         if bias is not None:
             mask = merge_bias(mask, is_causal, bias.to(x.dtype), tokens.shape[1], bias.shape[-1])
