@@ -49,6 +49,34 @@ def test_python_dash_m_attnlab_help(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+# Verbs that do no training print their help without importing torch or Lightning (`report`
+# itself runs without them too: test_sweep_report.py). One fresh interpreter asks each in turn.
+LIGHT_HELP = """
+import contextlib, io, sys
+from attnlab.cli.main import main
+for argv in ([], ["--help"], ["report", "--help"], ["sweep", "--help"], ["average", "--help"], ["generate", "--help"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted({"torch", "lightning"} & set(sys.modules))
+    print(" ".join(argv) or "(none)", code, "usage" in out.getvalue(), heavy or "light")
+"""
+
+
+def test_help_of_the_verbs_that_do_not_train_imports_no_torch():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", LIGHT_HELP], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6, proc.stdout + proc.stderr[-3000:]
+    for line in lines:
+        assert line.endswith(" 0 True light"), line
+
+
 def test_console_script_is_installed(tmp_path):
     script = Path(sys.executable).parent / "attnlab"
     if not script.exists():

@@ -90,7 +90,7 @@ class RunRecord:
 
     def examples(self, evaluation: str) -> list[dict] | None:
         """The per-example records an evaluation saved (examples.jsonl), or None."""
-        from attnlab.training.per_example import read_examples
+        from attnlab.training.examples_file import read_examples
 
         if evaluation not in self._examples:
             folder = self.evaluation_dirs.get(evaluation)

@@ -1,9 +1,34 @@
-"""The LightningModules: the family contract (base.py) and one subclass per family."""
-from attnlab.families.base import FamilyModule
-from attnlab.families.block_diffusion import BlockDiffusion
-from attnlab.families.decoder_only import DecoderOnly
-from attnlab.families.encoder_decoder import EncoderDecoder
+"""The LightningModules: the family contract (base.py) and one subclass per family.
 
-FAMILIES = {cls.family: cls for cls in (DecoderOnly, EncoderDecoder, BlockDiffusion)}
+The names below load on first use (PEP 562): a report or a sweep reads `families.metric_keys`
+without importing torch and Lightning.
+"""
+import importlib as _importlib
+
+_EXPORTS = {"FamilyModule": "attnlab.families.base", "BlockDiffusion": "attnlab.families.block_diffusion",
+            "DecoderOnly": "attnlab.families.decoder_only", "EncoderDecoder": "attnlab.families.encoder_decoder"}
 
 __all__ = ["FAMILIES", "BlockDiffusion", "DecoderOnly", "EncoderDecoder", "FamilyModule"]
+
+
+def __getattr__(name):
+    if name == "FAMILIES":
+        value = {cls.family: cls for cls in (__getattr__("DecoderOnly"), __getattr__("EncoderDecoder"),
+                                              __getattr__("BlockDiffusion"))}
+    elif name in _EXPORTS:
+        value = getattr(_importlib.import_module(_EXPORTS[name]), name)
+    else:
+        raise AttributeError(f"module 'attnlab.families' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_all() -> None:
+    """Import every family, so Lightning's CLI knows each by its short class name
+    (`--model DecoderOnly`) as it would after an eager import."""
+    for module in sorted(set(_EXPORTS.values())):
+        _importlib.import_module(module)
