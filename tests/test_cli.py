@@ -171,12 +171,13 @@ def test_generate_prints_one_line_per_input(cli, ckpt, expected_translations):
     assert result.out.split("\n")[:-1] == [expected_translations["twenty one"]]
 
 
-def test_generate_reads_stdin_in_a_real_process(tmp_path, ckpt, expected_translations):
-    proc = run_process(["generate", ckpt], cwd=tmp_path, input="twenty one\n\nthree hundred four\n", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_generate_reads_stdin(cli, ckpt, expected_translations, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("twenty one\n\nthree hundred four\n"))
+    result = cli("generate", ckpt)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
     # The blank line is skipped; one output line per input line, in order.
-    assert proc.stdout.split("\n")[:-1] == [expected_translations["twenty one"], expected_translations["three hundred four"]]
+    assert result.out.split("\n")[:-1] == [expected_translations["twenty one"], expected_translations["three hundred four"]]
 
 
 def test_generate_with_nothing_to_read_is_a_clear_error(cli, ckpt, monkeypatch):
