@@ -49,6 +49,34 @@ def test_python_dash_m_attnlab_help(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+# Verbs that do no training print their help without importing torch or Lightning (`report`
+# itself runs without them too: test_sweep_report.py). One fresh interpreter asks each in turn.
+LIGHT_HELP = """
+import contextlib, io, sys
+from attnlab.cli.main import main
+for argv in ([], ["--help"], ["report", "--help"], ["sweep", "--help"], ["average", "--help"], ["generate", "--help"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    heavy = sorted({"torch", "lightning"} & set(sys.modules))
+    print(" ".join(argv) or "(none)", code, "usage" in out.getvalue(), heavy or "light")
+"""
+
+
+def test_help_of_the_verbs_that_do_not_train_imports_no_torch():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", LIGHT_HELP], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6, proc.stdout + proc.stderr[-3000:]
+    for line in lines:
+        assert line.endswith(" 0 True light"), line
+
+
 def test_console_script_is_installed(tmp_path):
     script = Path(sys.executable).parent / "attnlab"
     if not script.exists():
@@ -143,12 +171,13 @@ def test_generate_prints_one_line_per_input(cli, ckpt, expected_translations):
     assert result.out.split("\n")[:-1] == [expected_translations["twenty one"]]
 
 
-def test_generate_reads_stdin_in_a_real_process(tmp_path, ckpt, expected_translations):
-    proc = run_process(["generate", ckpt], cwd=tmp_path, input="twenty one\n\nthree hundred four\n", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_generate_reads_stdin(cli, ckpt, expected_translations, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("twenty one\n\nthree hundred four\n"))
+    result = cli("generate", ckpt)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
     # The blank line is skipped; one output line per input line, in order.
-    assert proc.stdout.split("\n")[:-1] == [expected_translations["twenty one"], expected_translations["three hundred four"]]
+    assert result.out.split("\n")[:-1] == [expected_translations["twenty one"], expected_translations["three hundred four"]]
 
 
 def test_generate_with_nothing_to_read_is_a_clear_error(cli, ckpt, monkeypatch):

@@ -124,12 +124,15 @@ def test_a_config_naming_an_old_class_path_still_builds(tmp_path):
 
 def test_reading_the_errors_imports_no_torch_and_the_cli_knows_every_data_module():
     """Every attnlab command reads the error types before any work (a refusal costs no torch
-    import); the CLI then imports every data module, so short class names (`--data
-    GrammarDataModule`) resolve as they did when data_modules loaded eagerly."""
+    import); the CLI then imports every data module and every family, so short class names
+    (`--data GrammarDataModule`, `--model DecoderOnly`) resolve as they did when data_modules and
+    attnlab.families loaded eagerly."""
     import subprocess
     import sys
 
+    families = [f"attnlab.families.{name}" for name in ("decoder_only", "encoder_decoder", "block_diffusion")]
     code = ("import sys; import attnlab.errors; light = 'torch' not in sys.modules; "
-            "import attnlab.cli.lightning_cli; print(light, 'data_modules.grammar.task' in sys.modules)")
+            "import attnlab.cli.lightning_cli; print(light, 'data_modules.grammar.task' in sys.modules, "
+            f"all(name in sys.modules for name in {families!r}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "True", "True"], result.stderr[-2000:]

@@ -41,17 +41,20 @@ def test_wandb_auto_without_credentials_runs_offline_and_never_prompts(tmp_path)
     assert not (home / ".netrc").exists()
 
 
-def test_wandb_online_without_credentials_is_a_clear_error(tmp_path):
+def test_wandb_online_without_credentials_is_a_clear_error(cli, tmp_path, monkeypatch):
+    """Refused by attnlab before wandb starts, so this process's environment is enough."""
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in ("NETRC", "ATTNLAB_RUN_VERSION")}
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"))
+    for name in [k for k in os.environ if k.startswith("WANDB_")] + ["NETRC"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("HOME", home), ("XDG_CONFIG_HOME", home / ".config"), ("XDG_CACHE_HOME", home / ".cache")):
+        monkeypatch.setenv(name, str(value))
     args = debug_fit_args(tmp_path / "runs", version="online")
     args[args.index("--run.wandb") + 1] = "online"
-    proc = run_process(args, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=240)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert "run.wandb" in proc.stderr and "wandb login" in proc.stderr
+    result = cli(*args)
+    assert result.code == 2, result.err[-2000:]
+    assert "Traceback" not in result.err
+    assert "run.wandb" in result.err and "wandb login" in result.err
 
 
 def test_wandb_mode_from_the_environment_wins_over_auto(cli, tmp_path, monkeypatch):

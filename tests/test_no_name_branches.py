@@ -16,7 +16,8 @@ PACKAGE = Path(attnlab.__file__).parent
 DATA_MODULES = PACKAGE.parents[1] / "data_modules"
 OWN_FOLDERS = ("families", "models", "generation")  # a family's own files: <folder>/<family name>.py
 POSITIONAL_HOME = PACKAGE / "components" / "positional.py"
-FACE = PACKAGE / "__init__.py"  # its lazy-export table names the classes `attnlab.<Name>` exports
+# Lazy-export tables name the classes `attnlab.<Name>` and `attnlab.families.<Name>` export.
+FACES = (PACKAGE / "__init__.py", PACKAGE / "families" / "__init__.py")
 # Also a plain word ("none" of significance tests, run ids): a positional name only where the
 # other side of the comparison says it is about a positional encoding.
 PLAIN_WORDS = {"none"}
@@ -78,7 +79,7 @@ def name_branches(source: str, path: Path) -> list[str]:
     own_family = path.stem if len(relative) == 2 and relative[0] in OWN_FOLDERS else None
     for line, strings, context in branch_strings(ast.parse(source)):
         for s in strings:
-            if s in families and families[s] != own_family and path != FACE:
+            if s in families and families[s] != own_family and path not in FACES:
                 out.append(f"{line}: family {s!r}")
             elif s in POSITIONAL and path != POSITIONAL_HOME and (s not in PLAIN_WORDS or "positional" in context):
                 out.append(f"{line}: positional encoding {s!r}")

@@ -1,9 +1,10 @@
 """Resume: a CPU run killed with SIGKILL mid-epoch and started again continues exactly.
 
-The killed run and its resume use the same command line; only the first process is wrapped
-(python -c) so it SIGKILLs itself at a fixed step, which makes "mid-epoch" deterministic. The
-resumed run must reach the uninterrupted run's metrics (to 1e-6) with the same logged steps in
-metrics.csv, each exactly once.
+The killed run and its resume use the same command line; only the killed run gets a process of
+its own, wrapped (python -c) so it SIGKILLs itself at a fixed step, which makes "mid-epoch"
+deterministic. The uninterrupted and resumed runs run in this process. The resumed run must reach
+the uninterrupted run's metrics (to 1e-6) with the same logged steps in metrics.csv, each exactly
+once.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from conftest import debug_fit_args, read_metrics, run_main, run_process
+from conftest import debug_fit_args, read_metrics, run_main
 
 # 64 pairs / batch 8 = 8 steps per epoch, 2 epochs; block diffusion with dropout on, so the RNG
 # state matters too: the resumed run must draw the uninterrupted run's masks, times and dropout.
@@ -60,15 +61,18 @@ def _run_killed(args, cwd, step, signal_name="SIGKILL"):
 
 def _run(args, cwd):
     """`attnlab ARGS` in this process, as run_process returns it; warnings (pytest would swallow
-    them) are appended to stderr. Only for runs whose numbers are not compared: a fit in this
-    process after the rest of the suite has been seen to differ from a fresh process's at step 0,
-    so the runs compared step by step each get a process of their own."""
+    them) are appended to stderr. Its numbers are a fresh process's: a fit draws the same noise
+    whatever ran before it in the process (test_zz_in_process_reproducible.py)."""
     import subprocess
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = run_main(args, cwd=cwd)
+    os.environ.pop("ATTNLAB_RUN_VERSION", None)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run_main(args, cwd=cwd)
+    finally:
+        os.environ.pop("ATTNLAB_RUN_VERSION", None)
     err = result.err + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
     return subprocess.CompletedProcess(args, result.code, result.out, err)
 
@@ -84,7 +88,7 @@ def _steps(run_dir, key):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume_full")
-    proc = run_process(_args(root, "full"), cwd=root)
+    proc = _run(_args(root, "full"), cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "debug" / "full"
 
@@ -141,7 +145,7 @@ def _kill(root, args, step=5):
 def test_killed_run_resumed_with_the_same_command_matches_an_uninterrupted_run(tmp_path, uninterrupted, kill_at):
     args = _args(tmp_path, "cut")
     run_dir = _kill(tmp_path, args, kill_at)
-    resumed = run_process(args, cwd=tmp_path)
+    resumed = _run(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming " in resumed.stdout and f"last.ckpt (epoch 0, step {kill_at - 1})" in resumed.stdout
     assert "not resumable" not in resumed.stderr  # Lightning's warning: ours is resumable
@@ -166,7 +170,7 @@ def test_a_preempted_run_saves_its_step_exits_75_and_resumes_exactly(tmp_path, u
         assert resumed_from is None or f"last.ckpt (epoch 0, step {resumed_from})" in stopped.stdout
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         assert (state["global_step"], state["epoch"]) == (step + 1, step // STEPS_PER_EPOCH)
-    resumed = run_process(args, cwd=tmp_path)
+    resumed = _run(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "last.ckpt (epoch 1, step 12)" in resumed.stdout
     _assert_same_run(run_dir, uninterrupted)
@@ -182,12 +186,12 @@ def test_a_killed_run_resumed_averages_the_same_snapshots_taken_by_steps(tmp_pat
     epoch-end snapshots are checked by every resume test above (RESUME_ARGS)."""
     full_root, cut_root = tmp_path / "full", tmp_path / "cut"
     cut_root.mkdir()
-    full = run_process(_args(full_root, "full", *AVERAGING_BY_STEPS), cwd=tmp_path)
+    full = _run(_args(full_root, "full", *AVERAGING_BY_STEPS), cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     args = _args(cut_root, "cut", *AVERAGING_BY_STEPS)
     killed = _run_killed(args, cut_root, 15)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_process(args, cwd=tmp_path)
+    resumed = _run(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming " in resumed.stdout
     _assert_same_average(cut_root / "debug" / "cut", full_root / "debug" / "full")
@@ -204,11 +208,11 @@ def _text_args(root, version, corpus):
 def test_a_killed_run_on_streamed_text_resumes_exactly(tmp_path, text_folder_dir):
     full_root, cut_root = tmp_path / "full", tmp_path / "cut"
     cut_root.mkdir()
-    full = run_process(_text_args(full_root, "full", text_folder_dir), cwd=tmp_path)
+    full = _run(_text_args(full_root, "full", text_folder_dir), cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     args = _text_args(cut_root, "cut", text_folder_dir)
     run_dir = _kill(cut_root, args)
-    resumed = run_process(args, cwd=tmp_path)
+    resumed = _run(args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(run_dir, full_root / "debug" / "full")
 
@@ -216,7 +220,7 @@ def test_a_killed_run_on_streamed_text_resumes_exactly(tmp_path, text_folder_dir
 def test_ckpt_path_last_resumes_and_continues_the_wandb_run(tmp_path, uninterrupted):
     args = _args(tmp_path, "cut", "--run.wandb", "offline")
     run_dir = _kill(tmp_path, args)
-    resumed = run_process([*args, "--ckpt_path", "last"], cwd=tmp_path)
+    resumed = _run([*args, "--ckpt_path", "last"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(run_dir, uninterrupted)
     run_id = (run_dir / "wandb_id.txt").read_text().strip()

@@ -90,6 +90,24 @@ def test_report_has_one_row_per_point_with_intervals_over_seeds(sweep_run):
     assert "| n_heads=1 | 2 |" in first.stdout  # the sweep prints the table when it ends
 
 
+def test_the_report_of_a_sweep_runs_without_torch(sweep_run, tmp_path):
+    """`attnlab report` reads files only: in a fresh interpreter it imports neither torch nor
+    Lightning, and writes the report the sweep wrote (its per-example tests included)."""
+    import subprocess
+    import sys
+
+    sweep_dir = sweep_run[0]
+    code = ("import sys; from attnlab.cli.main import main; "
+            f"code = main(['report', {str(sweep_dir)!r}, '--output', {str(tmp_path)!r}, '--wandb', 'disabled']); "
+            "print(code, sorted({'torch', 'lightning'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.splitlines()[-1:] == ["0 []"], proc.stdout[-2000:] + proc.stderr[-3000:]
+    again, first = (tmp_path / "report.md").read_text(), (sweep_dir / "report" / "report.md").read_text()
+    assert _table(again) == _table(first)
+    assert json.loads((tmp_path / "report.json").read_text())["tests"] == \
+        json.loads((sweep_dir / "report" / "report.json").read_text())["tests"]
+
+
 def test_report_writes_valid_pngs(sweep_run):
     sweep_dir, _, _ = sweep_run
     for name in ("quality_vs_params.png", "throughput.png", "curves.png"):

@@ -58,11 +58,16 @@ def test_unreachable_wandb_server_falls_back_to_offline_once(tmp_path):
         assert offline[0].name.endswith("-" + id_file.read_text().strip()), offline[0].name
 
 
-def test_nonsense_wandb_mode_in_the_environment_is_a_clear_error(tmp_path):
+def test_nonsense_wandb_mode_in_the_environment_is_a_clear_error(cli, tmp_path, monkeypatch):
+    """Refused by attnlab before wandb starts, so this process's environment is enough."""
+    for name in [k for k in os.environ if k.startswith("WANDB_")] + ["NETRC", "ATTNLAB_RUN_VERSION"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _env(tmp_path, WANDB_MODE="nonsense").items():
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)
     args = debug_fit_args(tmp_path / "runs", version="badmode")
     args[args.index("--run.wandb") + 1] = "auto"
-    proc = run_process(args, cwd=tmp_path, env=_env(tmp_path, WANDB_MODE="nonsense"), stdin=subprocess.DEVNULL,
-                       timeout=120)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    assert "WANDB_MODE='nonsense'" in proc.stderr and "--run.wandb disabled" in proc.stderr
+    result = cli(*args)
+    assert result.code == 2, result.err[-3000:]
+    assert "Traceback" not in result.err
+    assert "WANDB_MODE='nonsense'" in result.err and "--run.wandb disabled" in result.err

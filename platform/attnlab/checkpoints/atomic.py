@@ -16,9 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable
 
-import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
 from attnlab.errors import AttnlabError
 
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -99,13 +96,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
+    import torch  # here, not above: sweeps and reports write text through this module without torch
+
     return atomic_write(path, lambda f: torch.save(obj, f))
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, through `atomic_torch_save` (see the module docstring)."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}")
-        atomic_torch_save(checkpoint, path)

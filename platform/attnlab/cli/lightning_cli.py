@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from attnlab.checkpoints.atomic import AtomicCheckpointIO
+from attnlab.checkpoints.atomic_io import AtomicCheckpointIO
 from attnlab.checkpoints.averaging import CheckpointAveraging
 from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
@@ -17,6 +17,7 @@ from attnlab.cli.preflight import check_accelerator, check_run_root, check_train
 from attnlab.distributed.failures import ChildProcessReaper
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.sweeps.spec import name_under_experiments
+import attnlab.families
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption
@@ -33,6 +34,7 @@ import data_modules
 from data_modules.base import TokenizedDataModule
 
 data_modules.load_all()  # the data modules by their short class names, as `--data GrammarDataModule`
+attnlab.families.load_all()  # and the families, as `--model DecoderOnly`
 
 
 class AttnlabCLI(LightningCLI):

@@ -153,8 +153,6 @@ def _generate_description(argv: list[str]) -> str:
 
 
 def generate_main(argv: list[str]) -> int:
-    from attnlab.checkpoints.reading import load_checkpoint
-
     parser = argparse.ArgumentParser(prog="attnlab generate", description=_generate_description(argv),
                                      epilog="A checkpoint trained on plain text continues each input ([bos] text); "
                                             "one trained on pairs translates it. `attnlab generate CKPT --help` "
@@ -167,6 +165,8 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
+    from attnlab.checkpoints.reading import load_checkpoint  # after parsing: --help needs no torch
+
     module, _ = load_checkpoint(args.checkpoint)
     for field in ("temperature", "top_k", "top_p", "max_new_tokens"):
         if getattr(args, field) is not None:
@@ -181,8 +181,6 @@ def generate_main(argv: list[str]) -> int:
 
 
 def average_main(argv: list[str]) -> int:
-    from attnlab.checkpoints.averaging import average_checkpoints
-
     parser = argparse.ArgumentParser(prog="attnlab average", description=OTHER_VERBS["average"])
     parser.add_argument("checkpoints", nargs="+", help="checkpoints of one run, e.g. runs/x/v/checkpoints/epoch*.ckpt, "
                                                        "or CheckpointAveraging's snapshots of one run "
@@ -190,6 +188,8 @@ def average_main(argv: list[str]) -> int:
                                                        "the checkpoint comes from that run's last.ckpt)")
     parser.add_argument("--output", "-o", required=True, help="where to write the averaged checkpoint (must not exist)")
     args = parser.parse_args(argv)
+    from attnlab.checkpoints.averaging import average_checkpoints  # after parsing: --help needs no torch
+
     print(f"averaged {len(args.checkpoints)} checkpoints into {average_checkpoints(args.checkpoints, args.output)}")
     return 0
 

@@ -46,6 +46,13 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     block_size = 1  # tokens a decoding step settles together (one: token by token)
     compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)
 
+    @classmethod
+    def traits(cls) -> dict[str, bool]:
+        """What the family says it is, as a run's summary.json records it for the report."""
+        from attnlab.families.registry import CAPABILITIES
+
+        return {name: getattr(cls, name) for name in CAPABILITIES}
+
     def __init__(
         self,
         backbone: BackboneConfig = BackboneConfig(),

@@ -12,13 +12,7 @@ from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
 from attnlab.compat import private_api as private
-
-# The keys every family logs per split: likelihoods (lower is better) and, when it generates,
-# generation scores and speed (higher is better) and its cost in model calls (lower is better).
-# Checkpoint selection, sweeps and reports read these.
-LIKELIHOOD_METRICS = ("loss", "nll", "ppl", "bpb")
-GENERATION_METRICS = ("bleu", "bleu_lc", "chrf", "exact_match", "gen_tokens_per_s", "nfe_per_token")
-LOWER_IS_BETTER = LIKELIHOOD_METRICS + ("nfe_per_token",)
+from attnlab.families.metric_keys import GENERATION_METRICS, LIKELIHOOD_METRICS, LOWER_IS_BETTER  # noqa: F401
 
 
 def exact(prediction: str, reference: str) -> bool:

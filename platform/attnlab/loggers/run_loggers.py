@@ -63,7 +63,7 @@ class RunOptions:
         """min or max for `monitor`: higher is better for the generation scores and speed."""
         if self.monitor_mode:
             return self.monitor_mode
-        from attnlab.families.metrics import GENERATION_METRICS, LOWER_IS_BETTER
+        from attnlab.families.metric_keys import GENERATION_METRICS, LOWER_IS_BETTER
 
         name = self.monitor.rsplit("/", 1)[-1]
         return "max" if name in GENERATION_METRICS and name not in LOWER_IS_BETTER else "min"

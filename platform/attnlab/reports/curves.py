@@ -49,16 +49,14 @@ class Curve:
 
 
 def is_ar(record) -> bool:
-    """Autoregressive: each token predicted from the ones before it, as the run's family class
-    says; a run whose class cannot be found counts as non-AR."""
-    cls = record.family_class()
-    return cls is not None and cls.autoregressive
+    """Autoregressive: each token predicted from the ones before it, as the run's family says
+    (`RunRecord.trait`); a run whose family cannot be found counts as non-AR."""
+    return record.trait("autoregressive")
 
 
 def nll_is_bound(record) -> bool:
-    """Whether the run's val/nll is an upper bound on its NLL (a NELBO): its family class says."""
-    cls = record.family_class()
-    return cls is not None and cls.nll_is_bound
+    """Whether the run's val/nll is an upper bound on its NLL (a NELBO): its family says."""
+    return record.trait("nll_is_bound")
 
 
 def _interpolate(step: float, known: list[tuple[float, float]]) -> float:

@@ -49,6 +49,15 @@ class RunRecord:
 
         return family_class(self.class_path, self.summary.get("family"))
 
+    def trait(self, name: str) -> bool:
+        """What the run's family says it is (`autoregressive`, `nll_is_bound`, ...): summary.json's
+        record of it, else its class asked (runs from before the record); False if neither says."""
+        recorded = (self.summary.get("traits") or {}).get(name)
+        if isinstance(recorded, bool):
+            return recorded
+        cls = self.family_class()
+        return cls is not None and bool(getattr(cls, name, False))
+
     def final(self, key: str) -> float | None:
         """The last logged value of a metric."""
         values = self.series(key)
@@ -98,7 +107,7 @@ class RunRecord:
 
     def examples(self, evaluation: str) -> list[dict] | None:
         """The per-example records an evaluation saved (examples.jsonl), or None."""
-        from attnlab.training.per_example import read_examples
+        from attnlab.training.examples_file import read_examples
 
         if evaluation not in self._examples:
             folder = self.evaluation_dirs.get(evaluation)

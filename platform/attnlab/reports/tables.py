@@ -12,7 +12,7 @@ from typing import Callable
 
 from attnlab.reports.significance import MARKS, Comparison
 from attnlab.reports.stats import ALPHA, MIN_SEEDS, POWER
-from attnlab.families.metrics import LIKELIHOOD_METRICS
+from attnlab.families.metric_keys import LIKELIHOOD_METRICS
 
 QUALITY = ("nll", "bpb", "bleu", "chrf", "exact_match")
 

@@ -34,7 +34,6 @@ from pathlib import Path
 import yaml
 
 from attnlab.checkpoints.atomic import atomic_write_text
-from attnlab.checkpoints.reading import read_checkpoint
 from attnlab.errors import EXIT_INTERRUPTED, AttnlabError, ConfigError, Preempted
 from attnlab.reports.provenance import write_sweep_record
 from attnlab.sweeps.arguments import as_cli_args
@@ -131,6 +130,8 @@ def recorded_best(last: Path) -> str | None:
     save_top_k=0) records no best. A user's extra monitoring ModelCheckpoint writes other names
     than attnlab's best-{epoch}-{step}.ckpt, which breaks a tie.
     """
+    from attnlab.checkpoints.reading import read_checkpoint
+
     states = read_checkpoint(last, arg="last.ckpt", mmap=True).get("callbacks") or {}
     paths = {state["best_model_path"] for state in states.values()
              if isinstance(state, dict) and state.get("monitor") is not None and state.get("best_model_path")}
@@ -362,7 +363,7 @@ def check_run_options(spec: SweepSpec, passthrough: list[str]) -> None:
     before the first run instead of failing in every one: run.monitor must be a metric attnlab
     logs in validation, run.patience an integer >= 1, run.monitor_mode min or max."""
     from attnlab.families.block_diffusion import NOISE_SEARCH_METRICS
-    from attnlab.families.metrics import GENERATION_METRICS, LIKELIHOOD_METRICS
+    from attnlab.families.metric_keys import GENERATION_METRICS, LIKELIHOOD_METRICS
     from attnlab.loggers.run_loggers import RunOptions
 
     known = {f"val/{m}" for m in LIKELIHOOD_METRICS + GENERATION_METRICS} | set(NOISE_SEARCH_METRICS)

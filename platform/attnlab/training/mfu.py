@@ -31,7 +31,13 @@ def precision_dtype(precision: str) -> torch.dtype:
 
 @functools.lru_cache(maxsize=None)
 def _measured(device: torch.device, dtype: torch.dtype) -> float:
-    return measured_peak(device, dtype, FIT_PEAK_SIZES.get(device.type))
+    """Measured once per process and device. Its random matrices come from a forked RNG: drawn from
+    the fit's own stream, they would shift the first fit of a process against every later one."""
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        return measured_peak(device, dtype, FIT_PEAK_SIZES.get(device.type))
 
 
 class MFU:

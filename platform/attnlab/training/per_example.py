@@ -10,13 +10,12 @@ file in split order.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-FILE = "examples.jsonl"
+from attnlab.training.examples_file import FILE, read_examples, write_examples  # noqa: F401
 
 
 class PerExampleWriter(Callback):
@@ -43,19 +42,3 @@ def gather_rows(trainer, rows: list) -> list:
     shares: list = [None] * trainer.world_size
     torch.distributed.all_gather_object(shares, rows)
     return [row for share in shares for row in share]
-
-
-def write_examples(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for record in sorted(records, key=lambda r: r["index"]):
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def read_examples(folder: Path) -> list[dict] | None:
-    """The records of a run folder's examples.jsonl, in split order, or None if it has none."""
-    path = Path(folder) / FILE
-    if not path.is_file():
-        return None
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -30,6 +30,8 @@ class RunSummary(L.Callback):
             return
         summary = {
             "family": pl_module.family,
+            # what the family says it is, so a report reads it without importing the class (and torch)
+            "traits": pl_module.traits(),
             "params": self._params,
             "fit_seconds": round(time.perf_counter() - self._started, 2),
             "epochs": trainer.current_epoch,
