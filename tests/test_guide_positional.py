@@ -8,7 +8,7 @@ import torch
 
 from attnlab import BackboneConfig, ConfigError
 from attnlab.components import positional
-from attnlab.components.positional import PositionalEncoding, alibi_slopes
+from attnlab.components.positional import PositionalEncoding, alibi_slopes, distances
 from attnlab.generation.block_diffusion import sample_blocks
 from attnlab.generation.decoder_only import generate
 from attnlab.models.decoder_only import DecoderOnlyModel
@@ -31,10 +31,7 @@ class LogDistance(PositionalEncoding):
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def score_bias(self, q_positions, k_positions):
-        distance = (q_positions[..., :, None] - k_positions[..., None, :]).abs().float()
-        if distance.dim() == 2:
-            distance = distance[None]
-        return -self.slopes[None, :, None, None] * torch.log1p(distance)[:, None]  # (B|1, H, Lq, Lk)
+        return -self.slopes[None, :, None, None] * torch.log1p(distances(q_positions, k_positions))[:, None]
 
 
 @pytest.fixture

@@ -135,6 +135,13 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
+def distances(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """|i - j| between every query and key position, (B|1, Lq, Lk) float: what a score bias of
+    relative positions is a function of."""
+    distance = (q_positions[..., :, None] - k_positions[..., None, :]).abs().float()
+    return distance[None] if distance.dim() == 2 else distance
+
+
 class Alibi(PositionalEncoding):
     """Linear biases: score -= slope_h * |i - j|; nothing is added to the embeddings."""
 
@@ -145,10 +152,7 @@ class Alibi(PositionalEncoding):
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def score_bias(self, q_positions, k_positions):
-        distance = (q_positions[..., :, None] - k_positions[..., None, :]).abs().float()
-        if distance.dim() == 2:
-            distance = distance[None]
-        return -self.slopes[None, :, None, None] * distance[:, None]  # (B|1, H, Lq, Lk)
+        return -self.slopes[None, :, None, None] * distances(q_positions, k_positions)[:, None]  # (B|1, H, Lq, Lk)
 
 
 REGISTRY: dict[str, type[PositionalEncoding]] = {
