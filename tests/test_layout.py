@@ -136,3 +136,51 @@ def test_reading_the_errors_imports_no_torch_and_the_cli_knows_every_data_module
             f"all(name in sys.modules for name in {families!r}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["True", "True", "True"], result.stderr[-2000:]
+
+
+def module_imports(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Every attnlab module -> the attnlab modules it imports, at any depth of its code (a lazy
+    import inside a function is still an edge: it only moves the circle to run time)."""
+    import ast
+
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in names.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                          for a in node.names}
+        graph[name] = {e for e in edges if e in names and e != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of a directed graph, one path each (depth-first search, back edges)."""
+    circles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return circles
+
+
+def test_no_module_of_the_package_imports_itself_back_through_others():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    graph = module_imports()
+    assert len(graph) > 100 and "attnlab.sweeps.tune" in graph["attnlab.sweeps.spec"]
+    assert not import_circles(graph), import_circles(graph)

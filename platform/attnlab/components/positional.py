@@ -10,15 +10,14 @@ No code branches on the encoding's name: it asks the class (`adds_score_bias`, `
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from attnlab.errors import ConfigError
 
-if TYPE_CHECKING:
-    from attnlab.components.config import BackboneConfig
+# `cfg: BackboneConfig` below names components/config.py's class without importing it: config.py
+# reads REGISTRY to check `backbone.positional`, and the two would otherwise import each other.
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 

@@ -28,6 +28,10 @@ from attnlab.training.flops import FlopCounter
 from attnlab.training.mfu import MFU
 from data_modules.batch import Example, SpecialIds, collate
 
+# What every family states about itself, each True or False: checked when it is registered, and
+# recorded in each run's summary.json for the report.
+CAPABILITIES = ("autoregressive", "nll_is_bound", "encodes_source")
+
 
 def _coerce(cls, value):
     """A private copy of a config given as a dataclass (CLI), a dict (checkpoint) or None."""
@@ -49,8 +53,6 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     @classmethod
     def traits(cls) -> dict[str, bool]:
         """What the family says it is, as a run's summary.json records it for the report."""
-        from attnlab.families.registry import CAPABILITIES
-
         return {name: getattr(cls, name) for name in CAPABILITIES}
 
     def __init__(

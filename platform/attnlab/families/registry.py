@@ -13,16 +13,13 @@ from attnlab.errors import ConfigError
 
 FAMILIES: dict = {}  # family name -> class, in registration order (the bench's default order)
 
-# What every family states about itself (see FamilyModule): checked when it is registered.
-CAPABILITIES = ("autoregressive", "nll_is_bound", "encodes_source")
-
 
 def register_family(cls):
     """Add `cls` to FAMILIES under `cls.family` and return it (usable as a class decorator).
 
     Registering the same class again (a module imported twice) is a no-op; another class under a
     name already taken is refused, as is a class that leaves part of the contract out."""
-    from attnlab.families.base import FamilyModule
+    from attnlab.families.base import CAPABILITIES, FamilyModule
 
     if not (isinstance(cls, type) and issubclass(cls, FamilyModule)):
         raise ConfigError(f"register_family: {cls!r} is not a subclass of attnlab.families.base.FamilyModule")
