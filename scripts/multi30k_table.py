@@ -26,7 +26,7 @@ import yaml
 from attnlab.reports.provenance import measured_on
 from attnlab.reports.runs import last_values, read_metrics
 from attnlab.reports.stats import sacrebleu_paired_p
-from attnlab.training.per_example import read_examples
+from attnlab.training.examples_file import read_examples
 
 # The goal of issue 32 for block diffusion, at eval batch 1 against DecoderOnly greedy.
 GOAL_BLEU_GAP = 3.0  # at most this many sacreBLEU points below

@@ -139,7 +139,8 @@ def _exit_code(exc: SystemExit) -> int:
 def run_main(argv: list[str], cwd: Path | None = None) -> CliResult:
     """`attnlab.cli.main(argv)` in this process from `cwd`, capturing stdout / stderr by redirection.
 
-    For fixtures wider than a function, where capsys is not available.
+    For fixtures wider than a function, where capsys is not available. A run stores its timestamp
+    in $ATTNLAB_RUN_VERSION (for DDP workers): cleared before and after, so no run inherits another's.
     """
     from attnlab.cli.main import main
 
@@ -147,6 +148,7 @@ def run_main(argv: list[str], cwd: Path | None = None) -> CliResult:
     previous = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)
+    os.environ.pop("ATTNLAB_RUN_VERSION", None)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -154,6 +156,7 @@ def run_main(argv: list[str], cwd: Path | None = None) -> CliResult:
             except SystemExit as exc:
                 code = _exit_code(exc)
     finally:
+        os.environ.pop("ATTNLAB_RUN_VERSION", None)
         os.chdir(previous)
     return CliResult(code, out.getvalue(), err.getvalue())
 
@@ -208,11 +211,9 @@ def in_process_runs():
         changed = {key: value for key, value in env.items() if os.environ.get(key) != value}
         saved = {key: os.environ.get(key) for key in changed}
         os.environ.update(changed)
-        os.environ.pop("ATTNLAB_RUN_VERSION", None)
         try:
             result = run_main(args)
         finally:
-            os.environ.pop("ATTNLAB_RUN_VERSION", None)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -283,9 +284,7 @@ def trained_run(tmp_path_factory):
         key = tuple(map(str, extra))
         if key not in runs:
             version = f"run{len(runs)}"
-            os.environ.pop("ATTNLAB_RUN_VERSION", None)
             result = run_main(debug_fit_args(root, *extra, version=version), cwd=root)
-            os.environ.pop("ATTNLAB_RUN_VERSION", None)
             assert result.code == 0, result.err[-3000:]
             runs[key] = (result, root / "debug" / version)
         return runs[key]

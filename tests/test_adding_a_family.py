@@ -168,3 +168,23 @@ def test_a_toy_fit_reports_and_loads_back_as_the_toy(toys, trained_run, tmp_path
             read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     finally:
         register_family(Toy)
+
+
+def test_the_built_in_names_are_taken_before_anything_reads_the_registry():
+    """In a fresh interpreter, before `attnlab.families.FAMILIES` is ever read: a run's recorded
+    family name finds its class, and a user's class cannot claim a built-in name."""
+    import subprocess
+    import sys
+
+    code = (
+        "from attnlab.families.registry import family_class, register_family\n"
+        "print(family_class(name='block_diffusion').__name__)\n"
+        "from attnlab.families.decoder_only import DecoderOnly\n"
+        "class Mine(DecoderOnly):\n"
+        "    family = 'decoder_only'\n"
+        "try:\n"
+        "    register_family(Mine)\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["BlockDiffusion", "ConfigError"], result.stderr[-2000:]

@@ -281,7 +281,7 @@ def test_evaluate_a_checkpoint(cli, tmp_path, ckpt, verb, prefix):
     nll per token, bits per UTF-8 byte of the references, exact match in percent."""
     import math
 
-    from attnlab.training.per_example import read_examples
+    from attnlab.training.examples_file import read_examples
 
     result = cli(verb, *EVAL_ARGS, "--run.root", tmp_path, "--run.version", "eval", "--ckpt_path", ckpt)
     assert result.code == 0, result.err[-3000:]

@@ -106,7 +106,7 @@ def test_an_odd_validation_split_counts_every_example_once(single_and_ddp, tmp_p
     """15 validation pairs on 2 ranks: one rank gets a padding repeat, which no metric counts, so
     every metric (likelihoods and generations) equals one process's, and examples.jsonl holds
     each of the 15 examples once, in order, with the same values."""
-    from attnlab.training.per_example import read_examples
+    from attnlab.training.examples_file import read_examples
 
     single, _ = single_and_ddp
     args = ["validate", "--config", DEBUG_YAML, "--run.root", tmp_path, "--run.wandb", "disabled", *CPU,

@@ -66,13 +66,9 @@ def _run(args, cwd):
     import subprocess
     import warnings
 
-    os.environ.pop("ATTNLAB_RUN_VERSION", None)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = run_main(args, cwd=cwd)
-    finally:
-        os.environ.pop("ATTNLAB_RUN_VERSION", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_main(args, cwd=cwd)
     err = result.err + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
     return subprocess.CompletedProcess(args, result.code, result.out, err)
 

@@ -1,8 +1,8 @@
 """The LightningModules: the family contract (base.py) and one subclass per family.
 
 The names below load on first use (PEP 562): a report or a sweep reads `families.metric_keys`
-without importing torch and Lightning. `FAMILIES` is the registry (registry.py) with the built-in
-families registered on first use, before any family of a user's own.
+without importing torch and Lightning. `FAMILIES` is the registry (registry.py), the built-in
+families registered in it on first use.
 """
 import importlib as _importlib
 
@@ -10,7 +10,6 @@ from attnlab.families.registry import family_class, register_family
 
 _EXPORTS = {"FamilyModule": "attnlab.families.base", "BlockDiffusion": "attnlab.families.block_diffusion",
             "DecoderOnly": "attnlab.families.decoder_only", "EncoderDecoder": "attnlab.families.encoder_decoder"}
-_BUILT_IN = ("DecoderOnly", "EncoderDecoder", "BlockDiffusion")  # the registry's (and the bench's) order
 
 __all__ = ["FAMILIES", "BlockDiffusion", "DecoderOnly", "EncoderDecoder", "FamilyModule", "family_class",
            "register_family"]
@@ -18,16 +17,9 @@ __all__ = ["FAMILIES", "BlockDiffusion", "DecoderOnly", "EncoderDecoder", "Famil
 
 def __getattr__(name):
     if name == "FAMILIES":
-        from attnlab.families import registry
+        from attnlab.families.registry import registered
 
-        built_in = [__getattr__(n) for n in _BUILT_IN]
-        ours = {cls.family: cls for cls in built_in}
-        users = {k: v for k, v in registry.FAMILIES.items() if k not in ours}
-        registry.FAMILIES.clear()
-        for cls in built_in:
-            register_family(cls)
-        registry.FAMILIES.update(users)
-        value = registry.FAMILIES
+        value = registered()
     elif name in _EXPORTS:
         value = getattr(_importlib.import_module(_EXPORTS[name]), name)
     else:

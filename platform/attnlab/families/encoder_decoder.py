@@ -69,9 +69,13 @@ class EncoderDecoder(FamilyModule):
         """The decoder: the encoder runs once per source, not once per generated token."""
         return self.model.decoder
 
-    def generate_ids(self, batch):
+    def _encode(self, batch) -> torch.Tensor:
+        """The encoder's output for the batch's sources (B, Ls, d): what every decoding attends to."""
         source, source_valid, _, _ = self._frame(batch)
-        encoded, _ = self.model.encode(source, source_valid)
+        return self.model.encode(source, source_valid)[0]
+
+    def generate_ids(self, batch):
+        encoded = self._encode(batch)
         max_lengths = self.max_output_length(batch["source_lengths"])
         ids, cfg = self.special, self.sampling
         # Plain text: the encoder reads nothing but eos (as in training); the decoder continues `[bos] text`.
@@ -91,8 +95,7 @@ class EncoderDecoder(FamilyModule):
         def translate(decode, **kwargs):
             @torch.no_grad()
             def run():
-                source, valid, _, _ = self._frame(batch)
-                decode(self.model, self.model.encode(source, valid)[0], **common, **kwargs)
+                decode(self.model, self._encode(batch), **common, **kwargs)
             return run
 
         return {

@@ -11,12 +11,8 @@ import torch
 
 from attnlab.errors import ConfigError
 from attnlab.generation.model_calls import CallCounter
-from attnlab.families.metrics import (
-    GENERATION_METRICS,
-    LIKELIHOOD_METRICS,
-    EvalMetrics,
-    example_record,
-)
+from attnlab.families.metric_keys import GENERATION_METRICS, LIKELIHOOD_METRICS
+from attnlab.families.metrics import EvalMetrics, example_record
 from attnlab.models.framing import is_plain_lm
 
 
@@ -93,10 +89,8 @@ class EvaluationSteps:
         self._evaluate(batch, self.val_metrics, generate)
 
     def _generation_epoch(self) -> bool:
-        return self._generates_in(self.current_epoch + 1, self.trainer.max_epochs)
-
-    def _generates_in(self, epoch: int, max_epochs: int | None) -> bool:
-        """Whether the validation of (1-based) `epoch` generates: every eval_every_n_epochs, and the last."""
+        """Whether this epoch's validation generates: every eval_every_n_epochs, and the last."""
+        epoch, max_epochs = self.current_epoch + 1, self.trainer.max_epochs
         every, last = self.eval_every_n_epochs, max_epochs is not None and epoch >= max_epochs
         return bool(every) and (epoch % every == 0 or last)
 

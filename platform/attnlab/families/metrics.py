@@ -12,7 +12,6 @@ from torchmetrics import Metric, SumMetric
 from torchmetrics.text import SacreBLEUScore
 
 from attnlab.compat import private_api as private
-from attnlab.families.metric_keys import GENERATION_METRICS, LIKELIHOOD_METRICS, LOWER_IS_BETTER  # noqa: F401
 
 
 def exact(prediction: str, reference: str) -> bool:

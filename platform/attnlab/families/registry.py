@@ -12,6 +12,21 @@ import importlib
 from attnlab.errors import ConfigError
 
 FAMILIES: dict = {}  # family name -> class, in registration order (the bench's default order)
+BUILT_IN = ("attnlab.families.decoder_only.DecoderOnly", "attnlab.families.encoder_decoder.EncoderDecoder",
+            "attnlab.families.block_diffusion.BlockDiffusion")
+_built_in_registered = False
+
+
+def registered() -> dict:
+    """FAMILIES, the built-in families in it first: imported and registered on first use (they
+    import torch, which a report of recorded runs does without)."""
+    global _built_in_registered
+    if not _built_in_registered:
+        _built_in_registered = True
+        for path in BUILT_IN:
+            module, _, name = path.rpartition(".")
+            register_family(getattr(importlib.import_module(module), name))
+    return FAMILIES
 
 
 def register_family(cls):
@@ -21,6 +36,7 @@ def register_family(cls):
     name already taken is refused, as is a class that leaves part of the contract out."""
     from attnlab.families.base import CAPABILITIES, FamilyModule
 
+    registered()  # the built-in names are taken before any other family can claim one
     if not (isinstance(cls, type) and issubclass(cls, FamilyModule)):
         raise ConfigError(f"register_family: {cls!r} is not a subclass of attnlab.families.base.FamilyModule")
     name = getattr(cls, "family", None)
@@ -62,4 +78,4 @@ def family_class(class_path: str | None = None, name: str | None = None):
             cls = None
         if isinstance(cls, type) and issubclass(cls, FamilyModule):
             return cls
-    return FAMILIES.get(name) if name else None
+    return registered().get(name) if name else None

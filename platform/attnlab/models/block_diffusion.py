@@ -70,7 +70,7 @@ class BlockDiffusionModel(nn.Module):
         if clean_positions is None:  # right-padded: a clean token's column is its position (the
             # clean half may stop at the columns noisy tokens read: a block's first token reads one)
             column = before.clamp(min=0, max=clean_hidden.shape[1] - 1)
-        else:  # left-padded (the uncached sampler): the real clean token at that position
+        else:  # left-padded (the tests' uncached reference): the real clean token at that position
             same = (clean_positions[:, None, :] == before[:, :, None]) & (clean_blocks >= 0)[:, None, :]
             column = same.long().argmax(-1)
         from_clean = clean_hidden.gather(1, column[..., None].expand(-1, -1, hidden.shape[-1]))

@@ -85,13 +85,6 @@ def rescore_ids(samples: list[list[int]], source_tokenizer, scorer_tokenizer) ->
 UNMASKINGS = ("first_hitting", "confidence", "random")
 
 
-def decodings(module, steps: list[int], thresholds: list[float], unmasking: str = "first_hitting") -> list[dict]:
-    """The decodings to try: the family's `sample_decodings` ({} for AR; for block diffusion,
-    first-hitting, BD3-LM's sampler and the like-for-like row of its Table 7, or confidence /
-    random unmasking at each requested steps per block that a block allows; then each threshold)."""
-    return module.sample_decodings(steps, thresholds, unmasking)
-
-
 def _continuing_families() -> str:
     """The registered families that continue text, for a refusal's words."""
     from attnlab.families import FAMILIES, FamilyModule
@@ -114,13 +107,16 @@ def evaluate(checkpoints: list[Path], scorer_path: Path, *, n: int, length: int,
     modules = []
     for path in checkpoints:
         module, _ = load_checkpoint(path)
-        if not decodings(module, steps, thresholds, unmasking) or not module.plain_lm:
+        # the family's decodings to try ([] where it cannot continue text; for block diffusion,
+        # first-hitting or confidence / random unmasking at each requested steps, then each threshold)
+        settings = module.sample_decodings(steps, thresholds, unmasking)
+        if not settings or not module.plain_lm:
             raise ConfigError(f"{path}: a {module.family} checkpoint{'' if module.plain_lm else ' trained on pairs'}; "
                               f"sample-quality draws from {_continuing_families()} checkpoints trained on plain text")
-        modules.append((path, module.to(device).eval()))
+        modules.append((path, module.to(device).eval(), settings))
     rows = []
-    for path, module in modules:
-        for setting in decodings(module, steps, thresholds, unmasking):
+    for path, module, settings in modules:
+        for setting in settings:
             samples, calls, seconds = draw(module, n, length, setting, sampling, seed, batch_size)
             scored = rescore_ids(samples, module.tokenizer, scorer_module.tokenizer)
             total, count = sample_nll(scorer, scored, scorer_module.special.bos, scorer_module.special.pad, batch_size)

@@ -290,5 +290,5 @@ def write_curves(curves: list[Curve], output: Path, facet: str | None) -> list[P
         axes[0][column].legend(fontsize=7)
     for row in axes:
         row[0].set_ylabel(f"{LOSS} (mean; band: min–max over seeds)")
-    fig.suptitle(f"{LOSS} (AR: NLL, solid; diffusion: NELBO bound, dashed) against epochs and FLOPs", fontsize=10)
+    fig.suptitle(f"{LOSS} (NLL solid; NELBO bound, dashed) against epochs and FLOPs", fontsize=10)
     return [save_figure(fig, output / "learning_curves.png", plt)]

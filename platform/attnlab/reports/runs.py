@@ -194,15 +194,6 @@ def class_path_of(folder: Path) -> str | None:
     return None
 
 
-def family_of(folder: Path) -> str:
-    """The family column: the model's class name, else summary.json's family."""
-    class_path = class_path_of(folder)
-    if class_path:
-        return class_path.rsplit(".", 1)[-1]
-    summary = folder / "summary.json"
-    return json.loads(summary.read_text()).get("family", "?") if summary.is_file() else "?"
-
-
 def _is_fit(history: list[dict[str, float]]) -> bool:
     return any(key.startswith("train/") for row in history for key in row)
 
@@ -256,15 +247,16 @@ def collect_runs(root: str | Path) -> list[RunRecord]:
         siblings = fits_by_parent.get(folder.parent, [])
         if folder in fits or len(siblings) != 1:
             name = done.get("point") or str(folder.relative_to(root))
-            record = RunRecord(name, folder, family_of(folder), histories[folder], swept=done.get("swept", {}),
+            summary_file = folder / "summary.json"
+            summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+            class_path = class_path_of(folder)
+            family = class_path.rsplit(".", 1)[-1] if class_path else summary.get("family", "?")  # the column
+            record = RunRecord(name, folder, family, histories[folder], swept=done.get("swept", {}),
                                seconds=done.get("seconds", {}), order=done.get("index", 0), seed=done.get("seed"),
                                frontier=done.get("frontier", {}), frontier_reference=done.get("frontier_reference"),
                                reference=done.get("reference"), facet=done.get("facet"),
-                               checkpoints=done.get("checkpoints", {}), class_path=class_path_of(folder),
-                               tuned=None if "tuned" not in done else bool(done["tuned"]))
-            summary = folder / "summary.json"
-            if summary.is_file():
-                record.summary = json.loads(summary.read_text())
+                               checkpoints=done.get("checkpoints", {}), class_path=class_path,
+                               tuned=None if "tuned" not in done else bool(done["tuned"]), summary=summary)
             if folder not in fits:  # an evaluation with no fit run to attach to
                 record.evaluations["test"] = last_values(histories[folder])
                 record.evaluation_dirs["test"] = folder

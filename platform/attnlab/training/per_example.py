@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from attnlab.training.examples_file import FILE, read_examples, write_examples  # noqa: F401
+from attnlab.training.examples_file import FILE, write_examples
 
 
 class PerExampleWriter(Callback):
