@@ -16,6 +16,12 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (the README's `-n 2`) each worker takes its share of the cores, set before torch
+# loads so that processes the tests start inherit it: two workers with every core's threads each
+# would slow each other several-fold.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # Import Lightning (through attnlab) now, while pytest's session-wide capture owns sys.stderr:
 # Lightning's logging handlers keep the stream they find at import, and one bound to a single
 # test's capsys stream would be closed for every later test ("--- Logging error ---").
