@@ -148,3 +148,23 @@ def test_a_known_gpu_divides_by_its_data_sheet(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert MFU.for_device(torch.device("cuda", 0), "bf16-mixed").peak == 989e12
     assert MFU.for_device(torch.device("cuda", 0), "32-true").peak == 67e12
+
+
+def test_a_bounded_peak_measurement_starts_no_size_after_its_time(monkeypatch):
+    """A fit measures the peak within FIT_PEAK_SECONDS: bf16 on a CPU without bf16 kernels would
+    otherwise spend many seconds on the largest matmul before the first step."""
+    from attnlab.training import flops
+
+    made = []
+    real = flops.matmul_step
+
+    def recording(size, device, dtype):
+        made.append(size)
+        return real(size, device, dtype)
+
+    monkeypatch.setattr(flops, "matmul_step", recording)
+    assert flops.measured_peak(torch.device("cpu"), torch.float32, (64, 32, 128), seconds=0.0) > 0
+    assert made == [32]  # the smallest first, then nothing: the time was spent
+    made.clear()
+    flops.measured_peak(torch.device("cpu"), torch.float32, (64, 32, 128))
+    assert made == [32, 64, 128]  # unbounded (the bench): every size

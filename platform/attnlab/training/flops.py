@@ -55,11 +55,15 @@ def matmul_step(size: int, device: torch.device, dtype: torch.dtype):
 
 
 def measured_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
-                  repeats: int = 5) -> float:
+                  repeats: int = 5, seconds: float | None = None) -> float:
     """FLOP/s of the fastest of several square matmuls on this device (best of `repeats` calls
-    each): what the hardware gives our kernels, the denominator of MFU where no data sheet is."""
-    best = 0.0
-    for size in sizes or PEAK_SIZES.get(device.type, PEAK_SIZES["cuda"]):
+    each): what the hardware gives our kernels, the denominator of MFU where no data sheet is.
+    `seconds`: no larger size is started once this much time has gone (a dtype the device has no
+    fast kernels for, such as bf16 on many CPUs, would otherwise spend long on the largest)."""
+    best, started_all = 0.0, time.perf_counter()
+    for size in sorted(sizes or PEAK_SIZES.get(device.type, PEAK_SIZES["cuda"])):
+        if seconds is not None and best and time.perf_counter() - started_all > seconds:
+            break
         step, flops = matmul_step(size, device, dtype)
         step()  # warm-up (kernel selection, allocation)
         for _ in range(repeats):

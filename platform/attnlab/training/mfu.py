@@ -14,8 +14,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from attnlab.training.flops import measured_peak, table_peak
 
-# Smaller than the bench's sizes: measured once per fit, it should cost about a second.
+# Smaller than the bench's sizes, and no larger size started after FIT_PEAK_SECONDS: measured
+# once per process, it should cost about a second, whatever the dtype.
 FIT_PEAK_SIZES = {"cpu": (256, 512, 1024)}
+FIT_PEAK_SECONDS = 1.0
 # A measured peak is one second on a machine shared with other work: measured in a slow second,
 # it reads low, and a real step reached 1.0x of it in CI. Only a step this far above it proves
 # the peak wrong rather than noisy; a data sheet's peak has no noise, so any step above it does.
@@ -37,7 +39,7 @@ def _measured(device: torch.device, dtype: torch.dtype) -> float:
     if device.type == "cuda":
         devices = [device.index if device.index is not None else torch.cuda.current_device()]
     with torch.random.fork_rng(devices=devices):
-        return measured_peak(device, dtype, FIT_PEAK_SIZES.get(device.type))
+        return measured_peak(device, dtype, FIT_PEAK_SIZES.get(device.type), seconds=FIT_PEAK_SECONDS)
 
 
 class MFU:
