@@ -3,7 +3,6 @@ the timer can interleave. Every training step is forward + loss + backward + Ada
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -63,12 +62,11 @@ def backbone(shape: BenchShape, options: Options, encodes_source: bool) -> Backb
 
 def platform_module(family: str, shape: BenchShape, options: Options):
     """The registered family `family` at the bench's shapes: the encoder-decoder ones (ed_*)
-    where it encodes a source, else the decoder ones; one that takes a `block_size` gets the
-    shape's."""
+    where it encodes a source, else the decoder ones, and what else it asks for
+    (`FamilyModule.bench_arguments`)."""
     cls = FAMILIES[family]
-    extra = {"block_size": shape.block_size} if "block_size" in inspect.signature(cls).parameters else {}
     module = cls(backbone=backbone(shape, options, cls.encodes_source), vocab_size=shape.vocab, special_ids=SPECIAL,
-                 compile=options.compile, **extra)
+                 compile=options.compile, **cls.bench_arguments(shape.block_size))
     module.to(options.device)
     module.compile_stacks()  # what a Trainer's setup does: compiles the stacks when asked
     return module

@@ -53,7 +53,7 @@ def parse_args(argv):
                         help="cpu: REFERENCE.md's CPU configuration (default); gpt2-small: the GPU goal")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     parser.add_argument("--precision", choices=("32", "bf16-mixed"), default=None,
-                        help="default: bf16-mixed on GPU, 32 on CPU (bf16 matmuls are ~500x slower on AVX2 CPUs)")
+                        help="default: bf16-mixed on GPU, 32 on CPU (bf16 matmuls are far slower than fp32 on CPUs without native bf16)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (the nn.Module, in place)")
     parser.add_argument("--no-fused-qkv", action="store_true", help="separate query and key/value projections")
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))

@@ -157,6 +157,12 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         keywords (max_new_tokens, eos_id, pad_id, sampling, generator, compiled)."""
         raise ConfigError(f"{type(self).__name__} cannot continue text from a prompt")
 
+    @classmethod
+    def bench_arguments(cls, block_size: int) -> dict:
+        """Constructor arguments the bench gives this family beyond the backbone: none here; a
+        family that settles blocks takes the bench shape's `block_size`."""
+        return {}
+
     def bench_decodings(self, batch: dict, new: int, beam: int, eos_id: int) -> dict:
         """The bench's decodings: name -> make(compiled) -> a call that generates `new` tokens
         after each row's source in `batch` (a schema batch; `eos_id` never stops a row), whose

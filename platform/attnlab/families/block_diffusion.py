@@ -378,6 +378,10 @@ class BlockDiffusion(FamilyModule):
     def continue_ids(self, prompts, setting, **common):
         return sample_blocks(self.model, prompts, block_size=self.block_size, **setting, **common)
 
+    @classmethod
+    def bench_arguments(cls, block_size):
+        return {"block_size": block_size}
+
     def bench_decodings(self, batch, new, beam, eos_id):
         prompts = batch["source"].tolist()
         common = dict(max_new_tokens=new, eos_id=eos_id, pad_id=self.special.pad, sampling=SamplingConfig())
