@@ -43,6 +43,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would hide the file from a shared project's group
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -62,6 +63,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
         raise
     _sync_folder(path.parent)
     return path
+
+
+def umask() -> int:
+    """The process's umask, read without setting it where Linux shows it (os.umask sets it, and a
+    file another thread creates in between would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _os_error(err: BaseException | None) -> OSError | None:

@@ -261,12 +261,10 @@ def run_verb(argv: list[str] | None = None) -> int:
     verb = argv[0]
     tune_allocator()
     silence_library_noise()
-    try:
-        return _run_verb(verb, argv, from_command_line, debug)
-    finally:
-        from attnlab.training.run_folder import release_run_folders
+    from attnlab.training.run_folder import releasing_run_folders
 
-        release_run_folders()  # a command run in-process (a notebook, the tests) lets its run folder go
+    with releasing_run_folders():
+        return _run_verb(verb, argv, from_command_line, debug)
 
 
 def _run_verb(verb: str, argv: list[str], from_command_line: bool, debug: bool) -> int:

@@ -45,6 +45,7 @@ from attnlab.sweeps.spec import (
     load_sweep,
     wandb_sweep_config,
 )
+from attnlab.training.run_folder import RunFolderLock, in_use_under
 
 DESCRIPTION = "run a grid of experiments (skipping finished ones) and print their comparison table"
 
@@ -145,9 +146,13 @@ def recorded_best(last: Path) -> str | None:
 
 def set_aside(point_dir: Path, sweep_dir: Path) -> Path | None:
     """Move an unfinished run's folder to <sweep>/.incomplete/ so the rerun starts clean and nothing
-    is lost (a seed folder goes there as <point>,seed<k>-<n>)."""
+    is lost (a seed folder goes there as <point>,seed<k>-<n>). A folder a live command holds (a fit
+    started by hand, another machine's sweep) is never moved: InUse says who holds it."""
     if not point_dir.exists():
         return None
+    holder = in_use_under(point_dir)
+    if holder is not None:
+        raise InUse(f"{point_dir} is in use by {holder}; left as it is (rerun the sweep once that run has ended)")
     parked = sweep_dir / ".incomplete"
     stem = ",".join(point_dir.relative_to(sweep_dir).parts)
     n = 1
@@ -155,6 +160,10 @@ def set_aside(point_dir: Path, sweep_dir: Path) -> Path | None:
         n += 1
     parked.mkdir(exist_ok=True)
     return Path(shutil.move(str(point_dir), parked / f"{stem}-{n}"))
+
+
+class InUse(AttnlabError):
+    """A point's folder is held by a live command, so this sweep leaves it alone."""
 
 
 class SweepRunner:
@@ -245,7 +254,11 @@ class SweepRunner:
         if last.is_file():  # the fit command (same --run.version) resumes from it; evaluations rerun
             print(f"[sweep] {label}: resuming the unfinished earlier attempt from {last}")
         else:
-            parked = set_aside(folder, self.sweep_dir)
+            try:
+                parked = set_aside(folder, self.sweep_dir)
+            except InUse as err:
+                print(f"[sweep] {label}: skipped: {err}", flush=True)
+                return False
             if parked:
                 print(f"[sweep] {label}: an unfinished earlier attempt was moved to {parked}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -466,13 +479,21 @@ def sweep_main(argv: list[str]) -> int:
             for stage, command in point_commands(spec, point, args.root, passthrough).items():
                 print(f"{point.folder} [{stage}]: attnlab {' '.join(command)}")
         return 0
-    to_run = [p for p in spec.points() if not runner.is_done(p)]
-    with STOP.installed():
-        failed = runner.run()
-    if to_run or not (runner.sweep_dir / "sweep.json").is_file():  # a rerun that only reports keeps the record
-        write_sweep_record(runner.sweep_dir, "attnlab sweep " + shlex.join(argv), args.sweep_file, spec.name)
-    if any(runner.is_done(p) for p in spec.points()):
-        report_main([str(runner.sweep_dir), "--wandb", flag_value(passthrough, "--run.wandb") or "auto"])
+    # One sweep command at a time on a sweep folder: a second is refused here, before it prints,
+    # moves or trains anything (spreading one sweep over machines: --devices, or one file each).
+    lock = RunFolderLock(runner.sweep_dir, kind="sweep folder",
+                         fix="another attnlab sweep is running it; wait for it to end (or stop it), or give this one "
+                             "another --root").acquire()
+    try:
+        to_run = [p for p in spec.points() if not runner.is_done(p)]
+        with STOP.installed():
+            failed = runner.run()
+        if to_run or not (runner.sweep_dir / "sweep.json").is_file():  # a rerun that only reports keeps the record
+            write_sweep_record(runner.sweep_dir, "attnlab sweep " + shlex.join(argv), args.sweep_file, spec.name)
+        if any(runner.is_done(p) for p in spec.points()):
+            report_main([str(runner.sweep_dir), "--wandb", flag_value(passthrough, "--run.wandb") or "auto"])
+    finally:
+        lock.release()
     if failed:
         print(f"[sweep] {len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them", file=sys.stderr)
         return 1

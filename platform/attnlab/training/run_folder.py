@@ -13,6 +13,7 @@ releases the lock when its process dies, however it dies, so a killed run's lock
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -110,32 +111,44 @@ def _broadcast_from_rank_zero(pick) -> str:
     return store.get(key).decode()
 
 
+def _holder(fd: int) -> str:
+    """`PID <pid> on <host>` as the lock's holder wrote it; a holder that has just taken the lock
+    writes right after, so wait up to a second for it rather than print "PID ?"."""
+    for _ in range(20):
+        words = os.pread(fd, 256, 0).decode("utf-8", "replace").split()
+        if len(words) >= 2:
+            return f"PID {words[0]} on {words[1]}"
+        time.sleep(0.05)
+    return "another process (it has not written its PID)"
+
+
 class RunFolderLock:
-    """An exclusive lock on a run folder while this process writes it (see the module docstring)."""
+    """An exclusive lock on a run folder while this process writes it (see the module docstring).
+    `kind` names the folder and `fix` says what to do in the refusal."""
 
     held: dict[Path, "RunFolderLock"] = {}
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, kind: str = "run folder",
+                 fix: str = "wait for that run to end (or stop it), or choose another --run.version"):
         self.folder = Path(folder).absolute()
+        self.kind, self.fix = kind, fix
         self._fd: int | None = None
 
     def acquire(self) -> "RunFolderLock":
         if self.folder in RunFolderLock.held:
             return RunFolderLock.held[self.folder]
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 256).decode("utf-8", "replace").split()
+            holder = _holder(fd)
             os.close(fd)
-            pid, host = (holder + ["?", "?"])[:2]
-            raise ConfigError(f"run folder {self.folder} is in use by PID {pid} on {host}: wait for that run to end "
-                              "(or stop it), or choose another --run.version") from None
+            raise ConfigError(f"{self.kind} {self.folder} is in use by {holder}: {self.fix}") from None
         except OSError as err:  # a file system without locks (some network mounts): run, and say so
             os.close(fd)
             print(f"attnlab: {self.folder} cannot be locked ({err.strerror}): nothing stops a second command "
-                  "from writing this run folder at the same time", file=sys.stderr, flush=True)
+                  "from writing this folder at the same time", file=sys.stderr, flush=True)
             return self
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
@@ -156,7 +169,35 @@ def hold_run_folder(folder: Path) -> RunFolderLock | None:
     return RunFolderLock(folder).acquire() if is_global_rank_zero() else None
 
 
-def release_run_folders() -> None:
-    """Let every folder this process holds go (a command run in-process is over)."""
-    for lock in list(RunFolderLock.held.values()):
-        lock.release()
+@contextlib.contextmanager
+def releasing_run_folders():
+    """Let the folders a command locked go when it ends, as a process's exit would (a command run
+    in-process: a notebook, the tests); those held before it (a sweep's own) stay held."""
+    before = set(RunFolderLock.held)
+    try:
+        yield
+    finally:
+        for folder, lock in list(RunFolderLock.held.items()):
+            if folder not in before:
+                lock.release()
+
+
+def in_use_under(folder: Path) -> str | None:
+    """Who holds a lock on `folder` or on a run folder inside it (`PID .. on ..`), if anyone: a
+    folder a live command writes must not be moved or deleted."""
+    for lock_file in sorted(Path(folder).rglob(LOCK_FILE)):
+        try:
+            fd = os.open(lock_file, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        except OSError:
+            continue
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return None
