@@ -588,7 +588,8 @@ def _report_with_damaged_metrics(env, damaged: str | bytes) -> tuple[list, Path]
 
 @case
 def report_metrics_truncated_row(env):
-    argv, bad = _report_with_damaged_metrics(env, "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.")
+    # a short row with rows after it (a partial *last* line, a cut append, is dropped and said instead)
+    argv, bad = _report_with_damaged_metrics(env, "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.\n0,2,3.0,4.0\n")
     return argv, [str(bad), "line 3", "3 fields where the header has 4", "rerun"]
 
 

@@ -275,7 +275,7 @@ GOOD_METRICS = "epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.0,4.5\n"  # empty
 @pytest.mark.parametrize("content, words", [
     (b"epoch,step,train/loss\n0,0,5.0\n\xff\xfe garbage\n", "line 3: bytes that are not UTF-8 text"),
     (b"epoch,step,train/loss\n0,0,5.0\n\x00\x00\x00\x00", "line 3: NUL bytes"),
-    ("epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.", "line 3: 3 fields where the header has 4"),
+    ("epoch,step,train/loss,val/nll\n0,0,5.0,\n0,1,4.\n0,2,3.0,\n", "line 3: 3 fields where the header has 4"),
     ("epoch,step,train/loss\n0,0,5.0,7,8\n", "line 2: 5 fields where the header has 3"),
     ("epoch,step,train/loss\n0,0,five\n", "line 2: train/loss is 'five', not a number"),
     ("0,0,5.0\n0,1,4.0\n", "line 1: no header"),
@@ -303,12 +303,12 @@ def test_a_damaged_metrics_csv_of_a_sweep_point_says_delete_and_rerun_or_skips_a
     for point in ("done", "running"):
         fit = tmp_path / point / "fit"
         fit.mkdir(parents=True)
-        (fit / "metrics.csv").write_text(GOOD_METRICS + "0,2,3.")
+        (fit / "metrics.csv").write_text(GOOD_METRICS + "0,2,3.\n0,3,2.0,\n")  # a short row mid-file
     (tmp_path / "done" / "done.json").write_text(json.dumps({"point": "done"}))
     with pytest.raises(DataError, match=re.escape(f"delete {tmp_path / 'done'} and rerun `attnlab sweep`")):
         collect_runs(tmp_path)
     (tmp_path / "done" / "fit" / "metrics.csv").write_text(GOOD_METRICS)
-    assert [r.name for r in collect_runs(tmp_path)] == ["done"]  # the running point's last row is half written
+    assert [r.name for r in collect_runs(tmp_path)] == ["done"]  # the running point's file is damaged
     assert f"skipped {tmp_path / 'running' / 'fit'}" in capsys.readouterr().err
 
 

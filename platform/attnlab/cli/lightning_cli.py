@@ -13,6 +13,7 @@ from attnlab.checkpoints.atomic_io import AtomicCheckpointIO
 from attnlab.checkpoints.averaging import CheckpointAveraging
 from attnlab.checkpoints.checks import check_fits, load_network
 from attnlab.checkpoints.reading import read_checkpoint
+from attnlab.cli.config_save import AtomicConfigSave
 from attnlab.cli.preflight import check_accelerator, check_run_root, check_training_budget
 from attnlab.distributed.failures import ChildProcessReaper
 from attnlab.errors import AttnlabError, ConfigError
@@ -44,6 +45,7 @@ class AttnlabCLI(LightningCLI):
             TokenizedDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
+            save_config_callback=AtomicConfigSave,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"callbacks": [
                 # the best-by-run.monitor ModelCheckpoint (and EarlyStopping) join in instantiate_trainer

@@ -144,6 +144,11 @@ def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[d
         raise damaged(text[: text.index("\0")].count("\n") + 1, "NUL bytes")
     if not text.strip():
         raise damaged(None, "the file is empty")
+    complete, partial = text[: text.rfind("\n") + 1], text[text.rfind("\n") + 1:]
+    if partial and complete:  # every row ends with its line end: this one's append was cut short
+        print(f"attnlab: {path}: line {complete.count(chr(10)) + 1} is partial (the run stopped while writing it); "
+              "left out", file=sys.stderr, flush=True)
+        text = complete
     reader = csv.reader(io.StringIO(text, newline=""))
     rows = []
     try:

@@ -16,6 +16,7 @@ A run killed at any point (SIGKILL included) and started again with the same com
 from __future__ import annotations
 
 import csv
+import io
 import os
 import random
 from pathlib import Path
@@ -26,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.compat import private_api as private
 
 DEFAULT_CHECKPOINT_EVERY_N_STEPS = 200
@@ -129,58 +131,96 @@ class RngStates(Callback):
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class _ContinuingWriter(ExperimentWriter):
-    """An ExperimentWriter that keeps an existing metrics.csv (Lightning's deletes it).
+def complete_lines(text: str) -> tuple[str, str]:
+    """(the complete lines of a CSV text, its unterminated last line): a row is written with its line
+    end, so a last line without one is what a kill or a full disk left of an append."""
+    cut = text.rfind("\n") + 1
+    return text[:cut], text[cut:]
+
+
+class _SafeWriter(ExperimentWriter):
+    """Lightning's writer, safe against a crash: rows are appended, so a kill or a full disk damages
+    at most the last line (which a resume and the report drop); where the whole file must be written
+    again (a new metric's column, a resume's trim) it is written beside and renamed over the old one,
+    where Lightning rewrites it in place and a kill there lost every row."""
+
+    def _keep(self, row: dict) -> bool:
+        """Which earlier rows a rewrite keeps (all, here)."""
+        return True
+
+    def _rewrite_pending(self) -> bool:
+        return False
+
+    _on_disk: list[str] | None = None  # the header the file has
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        private.get(self, "_record_new_keys")()
+        if path.is_file() and (self._on_disk != self.metrics_keys or self._rewrite_pending()):
+            complete, _ = complete_lines(path.read_text(encoding="utf-8"))
+            rows = [row for row in csv.DictReader(io.StringIO(complete, newline="")) if self._keep(row)]
+            out = io.StringIO(newline="")
+            writer = csv.DictWriter(out, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(rows + self.metrics)
+            atomic_write_text(path, out.getvalue())
+        else:
+            with open(path, "a" if path.is_file() else "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                if f.tell() == 0:
+                    writer.writeheader()
+                writer.writerows(self.metrics)
+        self._on_disk = list(self.metrics_keys)
+        self.metrics = []
+
+
+class _ContinuingWriter(_SafeWriter):
+    """A writer that keeps an existing metrics.csv (Lightning's deletes it).
 
     At the first write, rows the resumed run is about to log again are dropped: rows at a later
     step than the first new row, and rows at the same step that share a metric with it (a
-    validation repeated after the resume). Everything before is kept.
+    validation repeated after the resume), and a partial last line. Everything before is kept.
     """
 
     def __init__(self, log_dir: str) -> None:
         path = Path(log_dir) / self.NAME_METRICS_FILE
-        self._kept: list[dict] | None = None
         header: list[str] = []
-        if path.is_file():
-            with path.open(newline="") as f:
-                reader = csv.DictReader(f)
-                self._kept = list(reader)
-                header = list(reader.fieldnames or [])
+        self._pending_trim = path.is_file()
+        if self._pending_trim:
+            complete, _ = complete_lines(path.read_text(encoding="utf-8"))
+            header = list(csv.DictReader(io.StringIO(complete, newline="")).fieldnames or [])
         super().__init__(log_dir)
         self.metrics_keys = sorted(header)
-        self._pending_trim = self._kept is not None
+        self._on_disk = header
 
     def _check_log_dir_exists(self) -> None:  # listed in attnlab.compat.private_api
         """Lightning's deletes metrics.csv and warns: here the file is continued."""
 
+    def _rewrite_pending(self) -> bool:
+        return self._pending_trim
+
     def save(self) -> None:
-        if self._pending_trim and self.metrics:
-            self._pending_trim = False
+        if not self.metrics:
+            return
+        if self._pending_trim:
             first = self.metrics[0]
-            step = int(first["step"])
-            keys = set(first) - {"step", "epoch"}
-
-            def kept(row: dict) -> bool:
-                if row.get("step") in (None, ""):
-                    return True
-                row_step = int(float(row["step"]))
-                if row_step > step:
-                    return False
-                if row_step == step:
-                    return not (keys & {k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")})
-                return True
-
-            rows = [r for r in (self._kept or []) if kept(r)]
-            private.get(self, "_record_new_keys")()
-            with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(rows)
-            self._kept = None
+            self._first_step = int(first["step"])
+            self._first_keys = set(first) - {"step", "epoch"}
         super().save()
+        self._pending_trim = False
+
+    def _keep(self, row: dict) -> bool:
+        if not self._pending_trim or row.get("step") in (None, ""):
+            return True
+        row_step = int(float(row["step"]))
+        if row_step != self._first_step:
+            return row_step < self._first_step
+        return not (self._first_keys & {k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")})
 
 
-class _FreshWriter(ExperimentWriter):
+class _FreshWriter(_SafeWriter):
     """Lightning's writer, without its warning that the run folder is not empty: the folder holds this
     run's own config.yaml and wandb/ by then. An earlier run's metrics.csv is still replaced, said once."""
 
