@@ -103,6 +103,16 @@ def _fresh_run_version():
     os.environ.pop("ATTNLAB_RUN_VERSION", None)
 
 
+@pytest.fixture(autouse=True)
+def no_shared_wandb_service():
+    """wandb exports WANDB_SERVICE once this process starts its service, and a child process a test
+    starts then joins it: a child killed mid-run left its run id "in use" for this process's resume
+    of that run (seen under xdist, in whichever worker had run an in-process wandb test before)."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     """The shared Multi30k folder (never downloaded by the tests)."""

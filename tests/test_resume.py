@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -216,6 +217,9 @@ def test_a_killed_run_on_streamed_text_resumes_exactly(tmp_path, text_folder_dir
 def test_ckpt_path_last_resumes_and_continues_the_wandb_run(tmp_path, uninterrupted):
     args = _args(tmp_path, "cut", "--run.wandb", "offline")
     run_dir = _kill(tmp_path, args)
+    # wandb names an offline segment by its start second: a resume within the killed run's second
+    # (a warm wandb service in this process) would share its folder
+    time.sleep(max(0.0, 1.05 - (time.time() % 1.0)))
     resumed = _run([*args, "--ckpt_path", "last"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(run_dir, uninterrupted)

@@ -7,6 +7,7 @@ checkpoint and translates or continues text. User mistakes print one clear line 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import pickle
@@ -263,8 +264,22 @@ def run_verb(argv: list[str] | None = None) -> int:
     silence_library_noise()
     from attnlab.training.run_folder import releasing_run_folders
 
-    with releasing_run_folders():
+    with releasing_run_folders(), finishing_wandb_runs():
         return _run_verb(verb, argv, from_command_line, debug)
+
+
+@contextlib.contextmanager
+def finishing_wandb_runs():
+    """Finish the wandb run a command started when it ends, as a process's exit would: left open in
+    a process that goes on (a notebook, the tests), it is the `wandb.run` that Lightning's next
+    WandbLogger reuses, so the next fit logged into the previous run."""
+    before = getattr(sys.modules.get("wandb"), "run", None)
+    try:
+        yield
+    finally:
+        run = getattr(sys.modules.get("wandb"), "run", None)
+        if run is not None and run is not before:
+            run.finish()
 
 
 def _run_verb(verb: str, argv: list[str], from_command_line: bool, debug: bool) -> int:

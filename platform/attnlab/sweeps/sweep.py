@@ -162,6 +162,12 @@ def set_aside(point_dir: Path, sweep_dir: Path) -> Path | None:
     return Path(shutil.move(str(point_dir), parked / f"{stem}-{n}"))
 
 
+def child_environment() -> dict[str, str]:
+    """This process's environment for a run it starts, without wandb's WANDB_SERVICE: a child would
+    join this process's wandb service, and one killed mid-run would leave its run id "in use" there."""
+    return {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+
+
 class InUse(AttnlabError):
     """A point's folder is held by a live command, so this sweep leaves it alone."""
 
@@ -199,7 +205,7 @@ class SweepRunner:
         whose every trial failed (they do not run)."""
         from attnlab.sweeps.tune import Tuner
 
-        env = dict(os.environ)
+        env = child_environment()
         if self.devices:
             env["CUDA_VISIBLE_DEVICES"] = self.devices[0]  # trials run one after another
 
@@ -262,7 +268,7 @@ class SweepRunner:
             if parked:
                 print(f"[sweep] {label}: an unfinished earlier attempt was moved to {parked}")
         folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = child_environment()
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         log = folder / "log.txt" if len(self.devices) > 1 else None
