@@ -106,6 +106,13 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def complete_lines(text: str) -> tuple[str, str]:
+    """(the complete lines of an appended text file, its unterminated last line): a row is appended
+    with its line end, so a last line without one is what a kill or a full disk left of an append."""
+    cut = text.rfind("\n") + 1
+    return text[:cut], text[cut:]
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from attnlab.checkpoints.atomic import complete_lines
 from attnlab.errors import AttnlabError, DataError
 
 
@@ -144,7 +145,7 @@ def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[d
         raise damaged(text[: text.index("\0")].count("\n") + 1, "NUL bytes")
     if not text.strip():
         raise damaged(None, "the file is empty")
-    complete, partial = text[: text.rfind("\n") + 1], text[text.rfind("\n") + 1:]
+    complete, partial = complete_lines(text)
     if partial and complete:  # every row ends with its line end: this one's append was cut short
         print(f"attnlab: {path}: line {complete.count(chr(10)) + 1} is partial (the run stopped while writing it); "
               "left out", file=sys.stderr, flush=True)

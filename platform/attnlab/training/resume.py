@@ -27,7 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from attnlab.checkpoints.atomic import atomic_write_text
+from attnlab.checkpoints.atomic import atomic_write_text, complete_lines
 from attnlab.compat import private_api as private
 
 DEFAULT_CHECKPOINT_EVERY_N_STEPS = 200
@@ -131,36 +131,24 @@ class RngStates(Callback):
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def complete_lines(text: str) -> tuple[str, str]:
-    """(the complete lines of a CSV text, its unterminated last line): a row is written with its line
-    end, so a last line without one is what a kill or a full disk left of an append."""
-    cut = text.rfind("\n") + 1
-    return text[:cut], text[cut:]
-
-
 class _SafeWriter(ExperimentWriter):
     """Lightning's writer, safe against a crash: rows are appended, so a kill or a full disk damages
     at most the last line (which a resume and the report drop); where the whole file must be written
     again (a new metric's column, a resume's trim) it is written beside and renamed over the old one,
     where Lightning rewrites it in place and a kill there lost every row."""
 
-    def _keep(self, row: dict) -> bool:
-        """Which earlier rows a rewrite keeps (all, here)."""
-        return True
-
-    def _rewrite_pending(self) -> bool:
-        return False
-
     _on_disk: list[str] | None = None  # the header the file has
+    _trim = None  # a filter of the earlier rows for the next save, which then rewrites the file
 
     def save(self) -> None:
         if not self.metrics:
             return
         path = Path(self.metrics_file_path)
         private.get(self, "_record_new_keys")()
-        if path.is_file() and (self._on_disk != self.metrics_keys or self._rewrite_pending()):
+        if path.is_file() and (self._on_disk != self.metrics_keys or self._trim is not None):
             complete, _ = complete_lines(path.read_text(encoding="utf-8"))
-            rows = [row for row in csv.DictReader(io.StringIO(complete, newline="")) if self._keep(row)]
+            rows = [row for row in csv.DictReader(io.StringIO(complete, newline=""))
+                    if self._trim is None or self._trim(row)]
             out = io.StringIO(newline="")
             writer = csv.DictWriter(out, fieldnames=self.metrics_keys)
             writer.writeheader()
@@ -173,6 +161,7 @@ class _SafeWriter(ExperimentWriter):
                     writer.writeheader()
                 writer.writerows(self.metrics)
         self._on_disk = list(self.metrics_keys)
+        self._trim = None
         self.metrics = []
 
 
@@ -187,8 +176,8 @@ class _ContinuingWriter(_SafeWriter):
     def __init__(self, log_dir: str) -> None:
         path = Path(log_dir) / self.NAME_METRICS_FILE
         header: list[str] = []
-        self._pending_trim = path.is_file()
-        if self._pending_trim:
+        self._resuming = path.is_file()
+        if self._resuming:
             complete, _ = complete_lines(path.read_text(encoding="utf-8"))
             header = list(csv.DictReader(io.StringIO(complete, newline="")).fieldnames or [])
         super().__init__(log_dir)
@@ -198,26 +187,22 @@ class _ContinuingWriter(_SafeWriter):
     def _check_log_dir_exists(self) -> None:  # listed in attnlab.compat.private_api
         """Lightning's deletes metrics.csv and warns: here the file is continued."""
 
-    def _rewrite_pending(self) -> bool:
-        return self._pending_trim
-
     def save(self) -> None:
-        if not self.metrics:
-            return
-        if self._pending_trim:
+        if self._resuming and self.metrics:
+            self._resuming = False
             first = self.metrics[0]
-            self._first_step = int(first["step"])
-            self._first_keys = set(first) - {"step", "epoch"}
-        super().save()
-        self._pending_trim = False
+            step, keys = int(first["step"]), set(first) - {"step", "epoch"}
 
-    def _keep(self, row: dict) -> bool:
-        if not self._pending_trim or row.get("step") in (None, ""):
-            return True
-        row_step = int(float(row["step"]))
-        if row_step != self._first_step:
-            return row_step < self._first_step
-        return not (self._first_keys & {k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")})
+            def kept(row: dict) -> bool:
+                if row.get("step") in (None, ""):
+                    return True
+                row_step = int(float(row["step"]))
+                if row_step != step:
+                    return row_step < step
+                return not (keys & {k for k, v in row.items() if v not in (None, "") and k not in ("step", "epoch")})
+
+            self._trim = kept
+        super().save()
 
 
 class _FreshWriter(_SafeWriter):
