@@ -169,18 +169,18 @@ class TokenizedDataModule(L.LightningDataModule):
         return f"{type(self).__name__}'s {split} split"
 
     def check_token_budget(self) -> None:
-        """`fit` with a data.init_args.max_tokens below every training example would batch each
-        example alone, over the budget (TokenBudgetBatchSampler does so for the few examples
-        longer than the budget), so training would run at batch size one without a word."""
+        """`fit` with a data.init_args.max_tokens below the longest training example: a batch that
+        holds that example alone would already exceed the budget (the memory the budget was chosen
+        to fit), so the run could fail with out-of-memory at that batch, hours in."""
         if not self.max_tokens:
             return
         framed = {source + target + FRAME_TOKENS for source, target in self.example_lengths("train")}
-        if framed and self.max_tokens < min(framed):
+        if framed and self.max_tokens < max(framed):
             raise ConfigError(
-                f"data.init_args.max_tokens = {self.max_tokens} is below every training example of "
-                f"{self.split_origin('train')} (shortest {min(framed)} tokens, longest {max(framed)}, counting "
-                f"source, target and {FRAME_TOKENS} special tokens): no batch would keep to it; raise "
-                f"data.init_args.max_tokens to at least {max(framed)}, or drop it to batch by batch_size"
+                f"data.init_args.max_tokens = {self.max_tokens} is below the longest training example of "
+                f"{self.split_origin('train')} ({max(framed)} tokens, counting source, target and {FRAME_TOKENS} "
+                f"special tokens; the shortest has {min(framed)}): a batch of it alone would exceed the budget; "
+                f"raise data.init_args.max_tokens to at least {max(framed)}, or drop it to batch by batch_size"
             )
 
     def examples(self, split: str) -> Sequence[Example]:

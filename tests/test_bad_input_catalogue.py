@@ -706,7 +706,7 @@ def fit_max_steps_below_minus_one(env):
 @case
 def token_budget_below_every_example(env):
     return env.fit("--data.init_args.max_tokens", "4"), [
-        "data.init_args.max_tokens = 4", "below every training example", "train split", "raise data.init_args.max_tokens to at least"]
+        "data.init_args.max_tokens = 4", "below the longest training example", "train split", "raise data.init_args.max_tokens to at least"]
 
 
 @case
@@ -720,6 +720,30 @@ def fit_resuming_a_last_ckpt_of_another_model(env):
     """The run folder's last.ckpt holds learned positions; the config asks for RoPE."""
     env.over_user_run.append(lambda: shutil.copyfile(env._checkpoints["decoder"], env.run_dir / "checkpoints" / "last.ckpt"))
     return env.fit(), ["last.ckpt", "does not fit the model", "move", "aside"]
+
+
+@case
+def fit_resuming_a_run_of_another_configuration(env):
+    """The run folder's last.ckpt fits the model but was trained with another learning rate: a fit
+    under the same name (a job id, a reused --run.version) must not continue it."""
+    env.over_user_run.append(lambda: shutil.copyfile(env._checkpoints["decoder"], env.run_dir / "checkpoints" / "last.ckpt"))
+    return env.fit("--model.init_args.backbone.positional", "learned", "--model.init_args.backbone.max_positions",
+                   str(LEARNED_MAX_POSITIONS), "--model.init_args.optimizer.lr", "0.001"), [
+        "runs/debug/v1 holds a run of another configuration", "model.init_args.optimizer.lr: 0.003 there, 0.001 now",
+        "--run.version NAME"]
+
+
+@case
+def fit_limit_train_batches_zero(env):
+    return env.fit("--trainer.limit_train_batches", "0"), ["trainer.limit_train_batches=0", "trains nothing"]
+
+
+@case
+def sweep_max_steps_zero(env):
+    """Refused once, before the first point, instead of failing in each."""
+    sweep = env.sweep_file("base: debug.yaml\ngrid:\n  model.init_args.backbone.n_heads: [1, 2]\n")
+    return ["sweep", sweep, "--root", env.tmp / "runs", "--trainer.max_steps", "0"], [
+        str(sweep), "point n_heads=1", "trainer.max_steps=0 trains nothing"]
 
 
 @case
@@ -856,7 +880,10 @@ def test_bad_input(name, cli, tmp_path, checkpoints):
     after = _snapshot(tmp_path)
     changed = [p for p, v in before.items() if after.get(p) != v]
     assert not changed, f"the command changed or removed the user's files: {changed}"
-    new_in_run = [p for p in after if p not in before and p.startswith(str(env.run_dir.relative_to(tmp_path)))]
+    # (its .lock aside: a command takes an existing folder's lock first, so that a second command on
+    # it is refused before anything is built; the lock holds no data)
+    new_in_run = [p for p in after if p not in before and p.startswith(str(env.run_dir.relative_to(tmp_path)))
+                  and not p.endswith("/.lock")]
     assert not new_in_run, f"the command wrote into the existing run folder: {new_in_run}"
     assert not env.marker.exists(), "a checkpoint ran code while loading"
 

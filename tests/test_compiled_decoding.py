@@ -106,8 +106,10 @@ def test_decoder_only_compiled_equals_eager(positional, prompts):
     assert_same(beam)
 
 
+# Every encoding that changes the decoder's incremental path (a table, rotations, a score bias);
+# "none" adds nothing there that the decoder-only and block-diffusion matrices do not compile.
 @pytest.mark.parametrize("positional,prefixes", [
-    *(pytest.param(p, None, id=f"{p}-translation") for p in POSITIONAL),
+    *(pytest.param(p, None, id=f"{p}-translation") for p in POSITIONAL if p != "none"),
     pytest.param("rope", PADDED, id="rope-padded-prefixes")])
 def test_encoder_decoder_compiled_equals_eager(positional, prefixes):
     torch.manual_seed(0)

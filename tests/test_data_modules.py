@@ -189,27 +189,27 @@ def test_train_order_follows_lightnings_seed(small):
     assert first_batch(1) == first_batch(1) != first_batch(2)
 
 
-def test_a_token_budget_below_every_example_is_refused_and_one_below_some_is_kept(small, cache_dir):
-    """Below the shortest example no batch keeps to max_tokens (each would go alone, training at batch
-    size one without a word): a ConfigError before `fit`. Below only the longer examples, those go
-    alone and the rest keep to the budget, as TokenBudgetBatchSampler always did."""
+def test_a_token_budget_below_the_longest_example_is_refused_and_one_that_holds_it_is_kept(small, cache_dir):
+    """Below the longest example, the batch that holds it alone already exceeds max_tokens (the
+    memory the budget was chosen for): a ConfigError before `fit`, naming the length to raise it to.
+    At that length, every batch keeps to the budget."""
     framed = sorted(len(e.source) + len(e.target) + 3 for e in small.examples("train"))
 
     def budget(max_tokens):
         return NumberWordsDataModule(n_train=1000, n_val=100, n_test=60, max_eval_examples=50,
                                      cache_dir=str(cache_dir), max_tokens=max_tokens)
 
-    with pytest.raises(ConfigError, match=f"max_tokens = {framed[0] - 1} is below every training example of "
-                                          f"NumberWordsDataModule's train split .shortest {framed[0]} tokens, "
-                                          f"longest {framed[-1]}.*at least {framed[-1]}"):
-        budget(framed[0] - 1).check_token_budget()
-    middle = budget(framed[len(framed) // 2])
-    middle.check_token_budget()
-    examples, batches = middle.examples("train"), list(middle.train_dataloader().batch_sampler)
+    with pytest.raises(ConfigError, match=f"max_tokens = {framed[-1] - 1} is below the longest training example of "
+                                          f"NumberWordsDataModule's train split .{framed[-1]} tokens.*the shortest "
+                                          f"has {framed[0]}.*at least {framed[-1]}"):
+        budget(framed[-1] - 1).check_token_budget()
+    enough = budget(framed[-1])
+    enough.check_token_budget()
+    examples, batches = enough.examples("train"), list(enough.train_dataloader().batch_sampler)
     size = [[len(examples[i].source) + len(examples[i].target) + 3 for i in batch] for batch in batches]
     assert sorted(i for batch in batches for i in batch) == list(range(1000))
-    assert all(max(s) * len(s) <= middle.max_tokens or len(s) == 1 for s in size)
-    assert any(s[0] > middle.max_tokens for s in size)  # the longer examples, alone
+    assert all(max(s) * len(s) <= enough.max_tokens for s in size)
+    assert any(len(s) > 1 for s in size)
 
 
 def test_setup_is_idempotent_and_vocab_is_ready_after_init(cache_dir, monkeypatch):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,16 +160,19 @@ def test_block_diffusion_noise_search_agrees_across_ranks(tmp_path):
         assert zero["uniforms"] != one["uniforms"], zero["step"]
 
 
+# A clip far above the gradient norm: the clipping path runs (a collective over the shards) without
+# changing the update, so the run still matches DDP's unclipped one; the DDP run's warmup.
+FSDP_ARGS = ["--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.wandb", "disabled",
+             "--trainer.gradient_clip_val", "1000", "--model.init_args.optimizer.warmup_ratio", "0.25"]
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(single_and_ddp, tmp_path_factory):
     """LayerWiseFSDP on 2 CPU processes from the same initialisation, data and steps as the DDP run."""
     root = tmp_path_factory.mktemp("fsdp")
-    # A clip far above the gradient norm: the clipping path runs (a collective over the shards)
-    # without changing the update, so the run still matches DDP's unclipped one.
-    _fit(root, "--trainer.devices", "2", "--data.init_args.batch_size", "16", "--run.version", "fsdp",
-         "--run.wandb", "disabled", "--trainer.gradient_clip_val", "1000", "--model.init_args.eval_every_n_epochs", "1",
+    _fit(root, *FSDP_ARGS, "--run.version", "fsdp", "--model.init_args.eval_every_n_epochs", "1",
          "--trainer.callbacks+=attnlab.checkpoints.averaging.CheckpointAveraging", "--trainer.callbacks.last_k", "2",
-         "--model.init_args.optimizer.warmup_ratio", "0.25", fragments=[FSDP_YAML])  # the DDP run's warmup
+         fragments=[FSDP_YAML])
     return root / "debug" / "fsdp"
 
 
@@ -236,6 +241,60 @@ def test_fsdp_resumes_fit_from_its_checkpoint_as_ddp_does(single_and_ddp, fsdp_r
     assert len(fsdp_resumed["train/loss"]) == 2 and fsdp_resumed["step"][-1] == 5
     assert fsdp_resumed["train/loss"][-2:] == pytest.approx(ddp_resumed["train/loss"][-2:], rel=1e-4)
     assert fsdp_resumed["val/nll"][-1] == pytest.approx(ddp_resumed["val/nll"][-1], rel=1e-4)
+
+
+SHARDED_SCRIPT = """
+import os, signal, sys
+from attnlab.checkpoints import sharded_steps
+from attnlab.families.base import FamilyModule
+term_at, kill_at_commit = int(os.environ.get("TERM_AT_STEP", -1)), int(os.environ.get("KILL_AT_COMMIT", -1))
+start, commit = FamilyModule.on_train_batch_start, sharded_steps.commit
+def on_train_batch_start(self, batch, batch_idx):
+    if self.trainer.global_step == term_at and self.trainer.global_rank == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return start(self, batch, batch_idx)
+def killed_commit(folder, step):
+    if step == kill_at_commit:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return commit(folder, step)
+FamilyModule.on_train_batch_start, sharded_steps.commit = on_train_batch_start, killed_commit
+from attnlab.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sharded_fit_preempted_and_killed_mid_save_resumes_to_an_uninterrupted_run(fsdp_run, tmp_path):
+    """state_dict_type sharded, a save every step. SIGTERM while step 3 trains; the scheduler's
+    SIGKILL lands while its save commits (every rank's shards of step 3 written, not yet renamed):
+    step 2 stays the newest complete step, and the same command resumes from it to the losses of
+    the uninterrupted FSDP run, every step once, keeping the newest two steps."""
+    from attnlab.checkpoints import sharded_steps
+
+    script = tmp_path / "fit.py"  # a file: Lightning starts rank 1 with the same script
+    script.write_text(SHARDED_SCRIPT)
+    args = ["fit", "--config", DEBUG_YAML, "--config", FSDP_YAML, "--run.root", tmp_path, *CPU, *DATA,
+            "--trainer.max_epochs", "2", "--model.init_args.eval_every_n_epochs", "0", *FSDP_ARGS,
+            "--trainer.strategy.init_args.state_dict_type", "sharded", "--run.checkpoint_every_n_steps", "1",
+            "--run.version", "cut"]
+
+    def fit(**env):
+        return subprocess.run([sys.executable, script, *map(str, args)], cwd=tmp_path, timeout=300, text=True,
+                              capture_output=True, env={**os.environ, **{k: str(v) for k, v in env.items()}})
+
+    last = tmp_path / "debug" / "cut" / "checkpoints" / "last.ckpt"
+    killed = fit(TERM_AT_STEP=2, KILL_AT_COMMIT=3)
+    assert killed.returncode != 0
+    assert [p.name for p in sharded_steps.complete_steps(last)] == ["step-1", "step-2"], sorted(os.listdir(last))
+    assert sharded_steps.pending(last, 3).is_dir()  # step 3's shards, never committed
+    resumed = fit()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "last.ckpt (epoch 0, step 2)" in resumed.stdout, resumed.stdout[-3000:]
+    assert [p.name for p in sharded_steps.complete_steps(last)] == ["step-3", "step-4"]
+    assert not list(last.glob(".step-*"))
+    got, want = read_metrics(tmp_path / "debug" / "cut"), read_metrics(fsdp_run)
+    assert got["step"] == want["step"] and len(got["train/loss"]) == 4
+    assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-5, abs=1e-6)
+    assert got["val/nll"] == pytest.approx(want["val/nll"], rel=1e-5)
 
 
 def _free_port() -> int:

@@ -53,7 +53,8 @@ def _limit_file_size(limit: int):
 def test_a_fit_whose_checkpoint_write_fails_part_way_keeps_last_ckpt_and_says_where(tmp_path):
     """A run continued under a file-size limit below a checkpoint's size: its next checkpoint fails
     part-way through the real writer. last.ckpt stays byte-identical and loadable, no partial file
-    is left, and the run stops with one line naming the folder and its free space (exit 2)."""
+    is left, and the run stops with one line naming the folder and its free space (exit 74: no room,
+    which a sweep stops at and a job script tells from bad input)."""
     args = [str(a) for a in debug_fit_args(tmp_path, "--trainer.max_epochs", "3", version="v")]
     assert run_main(args, cwd=tmp_path).code == 0
     folder = tmp_path / "debug" / "v" / "checkpoints"
@@ -61,7 +62,7 @@ def test_a_fit_whose_checkpoint_write_fails_part_way_keeps_last_ckpt_and_says_wh
     more = [*args, "--trainer.max_steps", "4"]  # resumes from step 2; its next save goes past the limit
     limited = subprocess.run([sys.executable, "-m", "attnlab", *more], cwd=tmp_path, capture_output=True, text=True,
                              preexec_fn=_limit_file_size(len(before) // 2), timeout=180)
-    assert limited.returncode == 2, limited.stderr[-3000:]
+    assert limited.returncode == 74, limited.stderr[-3000:]
     errors = [line for line in limited.stderr.splitlines() if line.startswith("attnlab: error:")]
     assert len(errors) == 1 and "Traceback" not in limited.stderr, limited.stderr[-3000:]
     assert f"free in {folder}" in errors[0] or f"free in {folder.resolve()}" in errors[0], errors[0]
@@ -95,6 +96,7 @@ def test_a_second_fit_on_a_held_run_folder_is_refused_and_a_dead_holder_is_taken
         assert second.code == 2, second.err[-3000:]
         assert f"run folder {run_dir.absolute()} is in use by PID {holder.pid} on {socket.gethostname()}" in second.err
         assert "choose another --run.version" in second.err
+        assert second.out == ""  # refused before it printed anything ("resuming ...") or built the data
         assert _snapshot(tmp_path) == before  # not a byte or an mtime changed
     finally:
         holder.kill()
@@ -109,10 +111,10 @@ def test_a_second_fit_on_a_held_run_folder_is_refused_and_a_dead_holder_is_taken
 @pytest.mark.parametrize("requeue", [False, True], ids=["plain", "slurm-auto-requeue"])
 def test_preemption_leaves_lightnings_slurm_requeue_signals_alone(requeue):
     """Under Lightning's SLURM auto-requeue, SIGUSR1 (save and requeue) and SIGTERM stay
-    Lightning's; otherwise all three stop signals are the Preemption callback's while training,
-    and the previous handlers come back at teardown."""
-    from types import SimpleNamespace
-
+    Lightning's (on one device too, whose strategy has no cluster environment); otherwise all three
+    stop signals are the Preemption callback's while training, and the previous handlers come back
+    at teardown."""
+    from lightning.pytorch import Trainer
     from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 
     from attnlab.training.preemption import Preemption
@@ -120,8 +122,10 @@ def test_preemption_leaves_lightnings_slurm_requeue_signals_alone(requeue):
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
     before = {s: signal.getsignal(s) for s in signals}
     environment = SLURMEnvironment(auto_requeue=True) if requeue else LightningEnvironment()
+    trainer = Trainer(accelerator="cpu", devices=1, plugins=[environment], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
     callback = Preemption()
-    callback.on_train_start(SimpleNamespace(strategy=SimpleNamespace(cluster_environment=environment)), None)
+    callback.on_train_start(trainer, None)
     try:
         ours = {s for s in signals if signal.getsignal(s) == callback._catch}
         assert ours == ({signal.SIGINT} if requeue else set(signals))

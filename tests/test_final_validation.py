@@ -50,7 +50,11 @@ def test_a_run_stopped_mid_epoch_validates_its_last_step_and_can_keep_it_as_best
     (["--trainer.max_steps", "4"], [1, 3]),  # stops at an epoch end: validated there, once
     (["--trainer.max_steps", "3", "--trainer.val_check_interval", "1"], [0, 1, 2]),  # every step, once
     (["--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], [1, 3]),  # epochs bound the run
-], ids=["epoch-end", "every-step", "no-max-steps"])
+    # check_val_every_n_epoch 2 skips odd epochs, but not the run's last one: by max_epochs (3) ...
+    (["--trainer.max_steps", "-1", "--trainer.max_epochs", "3", "--trainer.check_val_every_n_epoch", "2"], [3, 5]),
+    # ... or by max_steps, mid-epoch 3
+    (["--trainer.max_steps", "5", "--trainer.check_val_every_n_epoch", "2"], [3, 4]),
+], ids=["epoch-end", "every-step", "no-max-steps", "skipped-last-epoch", "skipped-epoch-max-steps"])
 def test_a_step_that_validates_anyway_validates_once(cli, tmp_path, extra, steps):
     assert val_steps(fit(cli, tmp_path, "once", *extra)) == steps
 
@@ -58,6 +62,21 @@ def test_a_step_that_validates_anyway_validates_once(cli, tmp_path, extra, steps
 def test_nothing_is_set_before_max_steps_or_without_it():
     callback = FinalValidation()
     for max_steps, step, stops in ((-1, 50, False), (None, 50, False), (10, 9, False), (10, 10, True)):
-        trainer = SimpleNamespace(max_steps=max_steps, global_step=step, should_stop=False)
+        trainer = SimpleNamespace(max_steps=max_steps, global_step=step, should_stop=False, check_val_every_n_epoch=3)
         callback.on_train_batch_end(trainer, None, None, None, 0)
         assert trainer.should_stop is stops, (max_steps, step)
+        assert trainer.check_val_every_n_epoch == (1 if stops else 3)
+
+
+def generation_steps(run_dir) -> list[int]:
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f) if row.get("val/bleu")]
+
+
+def test_generation_every_n_epochs_without_an_epoch_limit(cli, tmp_path):
+    """max_epochs -1 (max_steps bounds the run) is no "last epoch" at every epoch: generation runs
+    every 2nd epoch (global step 4) and at the run's last step (6), not at the first epoch's end."""
+    run = fit(cli, tmp_path, "gen", "--trainer.max_epochs", "-1", "--trainer.max_steps", "6",
+              "--model.init_args.eval_every_n_epochs", "2")
+    assert val_steps(run) == [1, 3, 5]
+    assert generation_steps(run) == [3, 5]

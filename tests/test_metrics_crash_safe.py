@@ -95,7 +95,7 @@ def test_a_config_yaml_that_cannot_be_written_leaves_the_previous_one(tmp_path, 
 
     monkeypatch.setattr(os, "fsync", no_room_for_the_config)
     result = run_main(args, cwd=tmp_path)
-    assert result.code == 2, result.err[-2000:]
+    assert result.code == 74, result.err[-2000:]
     assert f"could not write {config}" in result.err and "No space left on device" in result.err
     assert config.read_bytes() == before
     assert not list(config.parent.glob(".config.yaml.*"))

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -55,9 +56,24 @@ CHECKS = {
         == ["trainer", "monitor_candidates"]
         and "self._save_last_checkpoint(trainer, monitor_candidates)" in inspect.getsource(ModelCheckpoint)),
     ("ModelCheckpoint", "_monitor_candidates"): lambda tmp: _monitor_candidates_of_a_stub_trainer() == {"epoch": 3, "step": 7},
+    # Lightning's signal connector decides on SLURM's requeue from this connector's environment
+    ("Trainer", "_accelerator_connector"): lambda tmp: (
+        "self.trainer._accelerator_connector.cluster_environment" in inspect.getsource(_SignalConnector.register_signal_handlers)
+        and private.get(_slurm_trainer(), "_accelerator_connector").cluster_environment.auto_requeue is True),
     ("CHRF", "_extract_corpus_statistics"): lambda tmp: _summed_statistics_score_the_corpus(),
     ("CHRF", "_compute_score_from_stats"): lambda tmp: _summed_statistics_score_the_corpus(),
 }
+
+
+def _slurm_trainer():
+    """A one-device Trainer given a SLURM environment: its strategy has none, the connector does."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    trainer = Trainer(accelerator="cpu", devices=1, plugins=[SLURMEnvironment()], logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    assert getattr(trainer.strategy, "cluster_environment", None) is None
+    return trainer
 
 
 def _monitor_candidates_of_a_stub_trainer() -> dict:

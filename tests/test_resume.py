@@ -226,6 +226,10 @@ def test_ckpt_path_last_resumes_and_continues_the_wandb_run(tmp_path, uninterrup
     run_id = (run_dir / "wandb_id.txt").read_text().strip()
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(p.name.endswith(f"-{run_id}") for p in offline), offline
+    # one `wandb sync` of both segments, in order: synced one by one, the second replaces the first
+    (line,) = [line for line in resumed.stdout.splitlines() if "wandb sync" in line]
+    command = line.split("`")[1].split()
+    assert [p.rsplit("/", 1)[-1] for p in command[2:]] == [p.name for p in offline], line
 
 
 def test_a_new_run_says_how_to_resume(tmp_path):

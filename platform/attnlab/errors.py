@@ -13,10 +13,20 @@ import sys
 # Defined in the base package (data_modules imports nothing from attnlab), the same classes here.
 from data_modules.errors import AttnlabError, ConfigError, DataError
 
-__all__ = ["AttnlabError", "ConfigError", "DataError", "EXIT_INTERRUPTED", "Preempted", "interrupted_status"]
+__all__ = ["AttnlabError", "ConfigError", "DataError", "EXIT_INTERRUPTED", "EXIT_NO_ROOM", "NoRoom", "Preempted",
+           "interrupted_status"]
 
 
 EXIT_INTERRUPTED = 75  # sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry"
+EXIT_NO_ROOM = 74  # sysexits.h EX_IOERR: a file could not be written (full disk, quota, file-size limit)
+
+
+class NoRoom(AttnlabError):
+    """No room to write a file (full disk, quota, file-size limit), the previous one intact. Its own
+    exit status, so that a sweep stops at the first (every later run would fail the same way) and a
+    job script tells it from bad input: the same command, once there is room, resumes."""
+
+    exit_status = EXIT_NO_ROOM
 
 
 class Preempted(SystemExit):

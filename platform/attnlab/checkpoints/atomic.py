@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import NoRoom
 
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
-class WriteFailed(AttnlabError):
+class WriteFailed(NoRoom):
     """A file could not be written (full disk, quota, size limit); the previous one is intact."""
 
 
@@ -61,7 +61,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
                 f"the previous {path.name} is intact: free some space (or choose --run.root on another disk) "
                 "and run the same command again") from err
         raise
-    _sync_folder(path.parent)
+    sync_folder(path.parent)
     return path
 
 
@@ -92,7 +92,7 @@ def _os_error(err: BaseException | None) -> OSError | None:
     return None
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """Make the rename itself durable (POSIX; a no-op where folders cannot be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

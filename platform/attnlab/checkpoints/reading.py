@@ -66,12 +66,19 @@ def _sniff(path: Path) -> str | None:
         return f"its first bytes {head[:8]!r} are neither a zip archive nor a pickle"
 
 
-def read_checkpoint(path: str | Path, arg: str = "checkpoint", map_location: str = "cpu", mmap: bool = False) -> dict:
+def read_checkpoint(path: str | Path, arg: str = "checkpoint", map_location: str = "cpu", mmap: bool = False,
+                    sharded: bool = False) -> dict:
     """The checkpoint dict at `path`, loaded with weights_only=True and checked to be attnlab's
-    (whether it fits a model is `check_fits`); AttnlabError naming `arg` and the file otherwise."""
+    (whether it fits a model is `check_fits`); AttnlabError naming `arg` and the file otherwise.
+    With `sharded`, a sharded checkpoint folder gives its newest complete step's meta.pt: all
+    but the tensors (an empty state_dict), for the checks a resume makes before loading it."""
+    from attnlab.checkpoints import sharded_steps
     from attnlab.families import FAMILIES
 
     path = Path(path).expanduser()
+    step = sharded_steps.newest(path) if sharded and path.is_dir() else None
+    if step is not None:
+        path = step / sharded_steps.META
     if not path.is_file():
         what = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"
         raise AttnlabError(f"{arg}: {path} {what}; pass the path of a .ckpt file from a run's checkpoints/ folder")
@@ -86,6 +93,8 @@ def read_checkpoint(path: str | Path, arg: str = "checkpoint", map_location: str
         raise not_a_checkpoint(path, str(err) or type(err).__name__, what=f"{arg}:") from None
     meta = ckpt.get("attnlab") if isinstance(ckpt, dict) else None
     recorded = meta.get("family") if isinstance(meta, dict) else None
+    if step is not None:
+        ckpt.setdefault("state_dict", {})  # the tensors stay in the shards
     if recorded is None or not isinstance(ckpt.get("state_dict"), dict) or "hyper_parameters" not in ckpt:
         raise AttnlabError(
             f"{arg}: {path} was not written by attnlab (no model family recorded in it); "

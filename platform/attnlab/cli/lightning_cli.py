@@ -22,8 +22,9 @@ import attnlab.families
 from attnlab.families.base import FamilyModule
 from attnlab.loggers.run_loggers import RunOptions, build_loggers, describe_run
 from attnlab.training.preemption import Preemption
-from attnlab.training.run_folder import Version, hold_run_folder, resolve_version
+from attnlab.training.run_folder import Version, hold_run_folder, launcher_job_id, resolve_version
 from attnlab.training.budget import check_budget_warmup, parse_budget
+from attnlab.training.config_fingerprint import differences, fingerprint
 from attnlab.training.final_validation import FinalValidation
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.ledger import BudgetLedger
@@ -93,6 +94,24 @@ class AttnlabCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self._held_ckpt_path:
             self.config[self.subcommand]["ckpt_path"] = self._held_ckpt_path
+        self._resolve_run_folder()
+
+    def _resolve_run_folder(self, early: bool = True) -> None:
+        """The run folder's version and, when that folder exists, its lock. A named folder
+        (--run.version, a fit's job id) is resolved before the classes are built, so a second
+        command on a folder in use is refused before it builds the data or prints anything; a
+        timestamp only once they are built (it creates its folder, which a bad argument must not)."""
+        options = self.setting(self.config, "run")
+        command = self.subcommand or "fit"
+        if early and not (options.version or (command == "fit" and launcher_job_id() is not None)):
+            self._version = None
+            return
+        check_run_root(options.root)  # a root that cannot be made is named before a folder under it is tried
+        name = self._experiment_name()
+        self._version = resolve_version(options.version, lambda v: Path(options.root) / name / v, command=command)
+        folder = Path(options.root) / name / self._version.name
+        if folder.is_dir() and self.setting(self.config, "trainer", {}).get("logger") in (None, True):
+            hold_run_folder(folder)
 
     def _before_subcommand(self) -> None:
         """What the Trainer method gets: the checkpoint `fit` resumes from, and weights_only=True
@@ -125,7 +144,7 @@ class AttnlabCLI(LightningCLI):
             return options.name
         configs = self.setting(self.config, "config") or []
         if not configs:
-            return type(self.model).family
+            return _family_of(self.setting(self.config, "model").class_path)
         experiments = [c for c in configs if _sets_model(c)] or configs
         return name_under_experiments(Path(str(experiments[-1])))
 
@@ -197,10 +216,19 @@ class AttnlabCLI(LightningCLI):
             self.trainer_defaults["callbacks"].append(ParameterSummary())
             kwargs["enable_model_summary"] = False
         options = self.setting(self.config_init, "run")
-        self._version = resolve_version(options.version, lambda v: Path(options.root) / self._experiment_name() / v)
-        self._resume_from = self._find_resume()
-        if trainer_config.get("logger") in (None, True):
+        if self.subcommand == "fit" and isinstance(self.model, FamilyModule):
+            self.model.run_config = fingerprint(self.config_as_dict())
+        if self._version is None:
+            self._resolve_run_folder(early=False)
+        if not trainer_config.get("default_root_dir"):
+            # Lightning writes (SLURM requeue's hpc_ckpt) and finds (a later SLURM job's resume)
+            # checkpoints there: in the run folder, never a stale one in the working directory.
+            kwargs["default_root_dir"] = str(self._run_dir())
+        logged = trainer_config.get("logger") in (None, True)
+        if logged:
             hold_run_folder(self._run_dir())  # a second command on this folder stops here, having written nothing
+        self._resume_from = self._find_resume()
+        if logged:
             kwargs["logger"] = build_loggers(
                 options, self._experiment_name(), self._version.name, config=self.config_as_dict(),
                 resume=self._resume_from is not None and self._resume_from[1],
@@ -221,11 +249,11 @@ class AttnlabCLI(LightningCLI):
     def _resume_hint(self) -> str:
         """What resumes this run folder after an interruption."""
         version: Version = self._version
-        if version.source == "--run.version" and version.named:
+        if version.source == "--run.version":
             return "the same command resumes it"
-        if version.named:
-            return f"the same command in a job with the same {version.source} resumes it (or add --run.version {version.name})"
-        return f"the same command plus --run.version {version.name} resumes it"
+        if version.source == "timestamp":
+            return f"the same command plus --run.version {version.name} resumes it"
+        return f"the same command in a job with the same {version.source} resumes it (or add --run.version {version.name})"
 
     def _find_resume(self) -> tuple[str, bool] | None:
         """(checkpoint to resume `fit` from, whether it continues this run folder's logs), or None.
@@ -255,12 +283,20 @@ class AttnlabCLI(LightningCLI):
         """The run folder's last.ckpt loads and fits the model (one line, not Lightning's traceback,
         for a damaged file or a config that changed since)."""
         try:
-            checkpoint = read_checkpoint(last, arg=f"resuming {self._run_dir()}", mmap=True)
+            checkpoint = read_checkpoint(last, arg=f"resuming {self._run_dir()}", mmap=True, sharded=True)
             if isinstance(self.model, FamilyModule):
                 check_fits(self.model, checkpoint, source=str(last))
         except AttnlabError as err:
             raise AttnlabError(f"{err} (move {last} aside, or choose another --run.version, to start this run "
                                "afresh)") from None
+        saved = (checkpoint.get("attnlab") or {}).get("config")
+        current = getattr(self.model, "run_config", None)
+        differ = differences(saved, current) if saved is not None and current is not None else []
+        if differ:
+            raise ConfigError(f"{self._run_dir()} holds a run of another configuration ({'; '.join(differ[:4])}"
+                              + (f"; {len(differ) - 4} more" if len(differ) > 4 else "")
+                              + "): rerun with the settings it was trained with to resume it, or add "
+                              "--run.version NAME to start a new run in its own folder")
 
     @rank_zero_only
     def _say(self, line: str) -> None:
@@ -357,11 +393,23 @@ def _step_of(checkpoint: Path) -> str:
     """' (epoch E, step S)' of a checkpoint, or '' if it cannot tell."""
     import torch
 
+    from attnlab.checkpoints import sharded_steps
+
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        step = sharded_steps.newest(checkpoint) if checkpoint.is_dir() else None
+        state = torch.load(step / sharded_steps.META if step else checkpoint, map_location="cpu", weights_only=True,
+                           mmap=step is None)
         return f" (epoch {state['epoch']}, step {state['global_step']})"
     except Exception:  # noqa: BLE001 - only a message
         return ""
+
+
+def _family_of(class_path: str) -> str:
+    """The family name of a model class path (the run's name when no --config names it)."""
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name).family
 
 
 def _sets_model(config) -> bool:

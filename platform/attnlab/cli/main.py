@@ -291,8 +291,10 @@ def _run_verb(verb: str, argv: list[str], from_command_line: bool, debug: bool) 
             return 2
         check_config_files(argv)
         from attnlab.cli.lightning_cli import AttnlabCLI
+        from attnlab.training.preemption import outside_training
 
-        AttnlabCLI(args=None if from_command_line else argv)
+        with outside_training():
+            AttnlabCLI(args=None if from_command_line else argv)
         from attnlab.distributed.failures import close_process_group
 
         gc.collect()  # the run's trainer and sharded model hold the process group: let them go first
@@ -321,7 +323,7 @@ def _run_verb(verb: str, argv: list[str], from_command_line: bool, debug: bool) 
         if user_error is None or debug:
             raise
         print(f"attnlab: error: {user_error}", file=sys.stderr)
-        return 2
+        return getattr(user_error, "exit_status", 2)  # 2: bad input; a full disk has its own (NoRoom)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def check_run_root(root: str | os.PathLike, name: str = "run.root") -> None:
 def check_training_budget(trainer_config, fit: bool = True) -> None:
     """trainer.max_steps / max_epochs that Lightning refuses only after the run folder is written
     (below -1: a traceback) or that train nothing (0, for `fit`: exit 0 and a run folder without
-    a trained model)."""
+    a trained model), and a limit_train_batches of 0 (Lightning skips training without a word)."""
     for field, unit, other in (("max_steps", "steps", "max_epochs"), ("max_epochs", "epochs", "max_steps")):
         value = trainer_config.get(field)
         if isinstance(value, bool) or not isinstance(value, int) or value > 0 or value == -1:
@@ -75,3 +75,7 @@ def check_training_budget(trainer_config, fit: bool = True) -> None:
             what = "trains nothing" if value == 0 else "is not a limit Lightning accepts"
             raise ConfigError(f"trainer.{field}={value} {what}: give a positive number of {unit}, or -1 for no "
                               f"limit (with --trainer.{other} N), e.g. --trainer.{field} 1000")
+    batches = trainer_config.get("limit_train_batches")
+    if fit and not isinstance(batches, bool) and isinstance(batches, (int, float)) and batches <= 0:
+        raise ConfigError(f"trainer.limit_train_batches={batches} trains nothing: give a number of batches per "
+                          "epoch (an integer) or a fraction of the epoch (0 to 1.0], e.g. --trainer.limit_train_batches 1.0")

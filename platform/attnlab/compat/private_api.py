@@ -31,6 +31,8 @@ USED = {
     ("ModelCheckpoint", "_save_last_checkpoint"): "writes last.ckpt as Lightning's own save does, after a "
                                                  "validation and when a fit is preempted",
     ("ModelCheckpoint", "_monitor_candidates"): "the metrics that last.ckpt records, gathered as Lightning gathers them",
+    ("Trainer", "_accelerator_connector"): "its cluster environment decides, as Lightning's signal connector does, "
+                                          "whether SLURM's requeue owns SIGUSR1 and SIGTERM (one GPU included)",
     ("CHRF", "_extract_corpus_statistics"): "chrF's per-sentence statistics: summed, they sync exactly over DDP "
                                            "ranks, and give stats.seed_test each seed's corpus chrF",
     ("CHRF", "_compute_score_from_stats"): "the corpus chrF of those summed statistics, as sacreBLEU computes it",

@@ -10,6 +10,7 @@ processes it runs over gloo, which is how the tests run it; it is never faster t
 from __future__ import annotations
 
 import functools
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -276,12 +277,34 @@ class LayerWiseFSDP(ModelParallelStrategy):
         state = get_optimizer_state_dict(self.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return _numbered(state) if "param_groups" in state else state
 
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """A sharded checkpoint goes to a step folder of its own, committed by a rename once every
+        rank has written (attnlab.checkpoints.sharded_steps); a full one is a single file as before."""
+        if self.state_dict_type != "sharded":
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from attnlab.checkpoints import sharded_steps
+
+        folder, step = Path(self.broadcast(str(filepath))), int(checkpoint["global_step"])
+        if self.is_global_zero:
+            if folder.is_file():
+                folder.unlink()
+            shutil.rmtree(sharded_steps.pending(folder, step), ignore_errors=True)  # left by a killed save
+        self.barrier("attnlab_sharded_save_start")
+        super().save_checkpoint(checkpoint, sharded_steps.pending(folder, step), storage_options)
+        self.barrier("attnlab_sharded_save_written")  # every rank's shards and rank zero's meta.pt are on disk
+        if self.is_global_zero:
+            sharded_steps.commit(folder, step)
+        self.barrier("attnlab_sharded_save_committed")
+
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """A single file (this strategy's, DDP's or one process's) into the shards; the optimizer
-        state too when fitting. A sharded folder is read by ModelParallelStrategy."""
+        state too when fitting. A sharded checkpoint (its newest complete step) is read by
+        ModelParallelStrategy."""
         path = Path(self.broadcast(checkpoint_path))
         if path.is_dir():
-            return super().load_checkpoint(path, weights_only=weights_only)
+            from attnlab.checkpoints import sharded_steps
+
+            return super().load_checkpoint(sharded_steps.newest(path) or path, weights_only=weights_only)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,

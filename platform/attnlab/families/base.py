@@ -91,6 +91,7 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         self.compile_model = compile  # not `self.compile`: that is nn.Module.compile
         self._compiled = False
         self.checkpoint_checked = False  # set once a checkpoint about to load was checked to fit
+        self.run_config: dict | None = None  # the fit's config fingerprint, saved in its checkpoints (the CLI sets it)
         # Plain dicts only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({
             "backbone": asdict(self.backbone), "optimizer": asdict(self.optim),
@@ -290,6 +291,8 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
             "tokenizer": self.tokenizer.model_proto if self.tokenizer is not None else None,
             "plain_lm": self.plain_lm,
         }
+        if self.run_config is not None:  # what a resume must share with this run (attnlab.training.config_fingerprint)
+            checkpoint["attnlab"]["config"] = self.run_config
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A checkpoint loaded by a Trainer outside the CLI (which checks before it writes anything)."""

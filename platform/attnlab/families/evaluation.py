@@ -89,9 +89,13 @@ class EvaluationSteps:
         self._evaluate(batch, self.val_metrics, generate)
 
     def _generation_epoch(self) -> bool:
-        """Whether this epoch's validation generates: every eval_every_n_epochs, and the last."""
-        epoch, max_epochs = self.current_epoch + 1, self.trainer.max_epochs
-        every, last = self.eval_every_n_epochs, max_epochs is not None and epoch >= max_epochs
+        """Whether this epoch's validation generates: every eval_every_n_epochs, and the run's last
+        (the last epoch by max_epochs, or the step that reaches max_steps; -1 limits nothing)."""
+        trainer = self.trainer
+        epoch, max_epochs, max_steps = self.current_epoch + 1, trainer.max_epochs, trainer.max_steps
+        last = (max_epochs is not None and 0 < max_epochs <= epoch) or (
+            max_steps is not None and 0 < max_steps <= trainer.global_step)
+        every = self.eval_every_n_epochs
         return bool(every) and (epoch % every == 0 or last)
 
     def on_validation_epoch_end(self):

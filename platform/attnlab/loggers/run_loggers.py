@@ -168,7 +168,18 @@ def describe_run(loggers: list[Logger]) -> list[str]:
             run = logger.experiment
             folder = Path(run.dir).parent if getattr(run, "dir", None) else logger.save_dir
             if getattr(run, "settings", None) is not None and run.settings.mode == "offline":
-                lines.append(f"wandb (offline): {folder}; upload with `wandb sync {folder}`")
+                lines.append(_offline_sync_line(folder, getattr(run, "id", None)))
             elif getattr(run, "url", None):
                 lines.append(f"wandb: {run.url}")
     return lines
+
+
+def _offline_sync_line(folder: Path, run_id: str | None) -> str:
+    """How to upload an offline run: a resumed run is one wandb run in several segments
+    (offline-run-<time>-<id>), which `wandb sync` keeps as one only when given all of them in one
+    command (it then syncs them in order of start time); synced one by one, the last replaces them."""
+    segments = sorted(Path(folder).parent.glob(f"offline-run-*-{run_id}")) if run_id else []
+    if len(segments) < 2:
+        return f"wandb (offline): {folder}; upload with `wandb sync {folder}`"
+    return (f"wandb (offline): {len(segments)} segments of one resumed run in {Path(folder).parent}; upload them "
+            f"together, in one command: `wandb sync {' '.join(map(str, segments))}`")

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.checkpoints.atomic import atomic_write_text
-from attnlab.errors import EXIT_INTERRUPTED, AttnlabError, ConfigError, Preempted
+from attnlab.errors import EXIT_INTERRUPTED, EXIT_NO_ROOM, AttnlabError, ConfigError, NoRoom, Preempted
 from attnlab.reports.provenance import write_sweep_record
 from attnlab.sweeps.arguments import as_cli_args
 from attnlab.sweeps.spec import (
@@ -177,6 +177,7 @@ class SweepRunner:
         self.spec, self.root, self.passthrough = spec, root, passthrough
         self.sweep_dir = Path(root) / spec.name
         self.devices = devices
+        self.no_room: str | None = None  # set by the first run that found no room to write: no other stage starts
 
     def point_dir(self, point: SweepPoint) -> Path:
         return self.sweep_dir / point.folder
@@ -257,7 +258,7 @@ class SweepRunner:
     def run_point(self, point: SweepPoint, device: str | None) -> bool:
         folder, label = self.point_dir(point), point.folder
         last = folder / "fit" / "checkpoints" / "last.ckpt"
-        if last.is_file():  # the fit command (same --run.version) resumes from it; evaluations rerun
+        if last.exists():  # (a folder when sharded) the fit command (same --run.version) resumes from it; evaluations rerun
             print(f"[sweep] {label}: resuming the unfinished earlier attempt from {last}")
         else:
             try:
@@ -281,6 +282,8 @@ class SweepRunner:
                 except AttnlabError as err:
                     print(f"[sweep] {label}: {stage} failed: {err}", flush=True)
                     return False
+            if self.no_room is not None:  # another device's run filled the disk
+                return False
             where = f" on GPU {device}" if device is not None else ""
             print(f"[sweep] {label}: {stage}{where}" + (f" (log: {log})" if log else ""), flush=True)
             started = time.perf_counter()
@@ -289,6 +292,11 @@ class SweepRunner:
                 message = f"[sweep] {label}: {stage} was interrupted; the same sweep command resumes it"
                 print(message, file=sys.stderr, flush=True)
                 raise Preempted(message)
+            if status == EXIT_NO_ROOM:  # every later run would fail the same way: stop once, here
+                self.no_room = (f"[sweep] {label}: {stage} found no room to write" + (f" (see {log})" if log else "")
+                                + f"; the sweep stops: free some space under {self.sweep_dir} (or give another "
+                                "--root) and run the same sweep command, which resumes")
+                raise NoRoom(self.no_room)
             if status != 0:
                 print(f"[sweep] {label}: {stage} failed" + (f"; see {log}" if log else ""), flush=True)
                 return False
@@ -442,6 +450,38 @@ def check_warmups(spec: SweepSpec, passthrough: list[str]) -> None:
                                 where=f"{spec.path}: point {point.name}: ")
 
 
+def check_trainer_limits(spec: SweepSpec, passthrough: list[str]) -> None:
+    """Every point's trainer.max_steps, max_epochs and limit_train_batches (pass-through flags, else
+    its overrides, else its base configs), refused once before the first run when one trains
+    nothing (cli.preflight.check_training_budget), instead of failing in every point."""
+    from attnlab.cli.preflight import check_training_budget
+
+    keys = ("max_steps", "max_epochs", "limit_train_batches")
+    for point in spec.grid_points():
+        trainer: dict = {}
+        for config in point.configs:
+            resolved = yaml.safe_load(config.read_text()) or {}
+            trainer.update({k: v for k, v in (config_value(resolved, "trainer") or {}).items() if k in keys})
+        trainer.update({k: point.overrides[f"trainer.{k}"] for k in keys if f"trainer.{k}" in point.overrides})
+        for key in keys:
+            given = flag_value(passthrough, f"--trainer.{key}")
+            if given is not None:
+                trainer[key] = yaml.safe_load(given)
+        try:
+            check_training_budget(trainer)
+        except ConfigError as err:
+            raise ConfigError(f"{spec.path}: point {point.name}: {err}") from None
+
+
+def _is_number(arg: str) -> bool:
+    """A negative number among the pass-through arguments is a value (`--trainer.max_epochs -1`)."""
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
 def visible_gpus() -> list[str]:
     import torch
 
@@ -453,7 +493,7 @@ def sweep_main(argv: list[str]) -> int:
     from attnlab.reports.report import report_main
 
     args, passthrough = build_parser().parse_known_args(argv)
-    stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--")]
+    stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--") and not _is_number(a)]
     if stray:
         raise AttnlabError(f"unknown option {stray[0]} (attnlab sweep --help lists the options)")
     spec = load_sweep(args.sweep_file)
@@ -462,6 +502,7 @@ def sweep_main(argv: list[str]) -> int:
             raise ConfigError(f"--seeds {args.seeds}: must be at least 1 (the number of seeds, 0..N-1)")
         spec.seeds = list(range(args.seeds))
     check_run_options(spec, passthrough)
+    check_trainer_limits(spec, passthrough)
     check_warmups(spec, passthrough)
     if spec.tune is not None:
         from attnlab.sweeps.tune import check_space_keys, check_tune_seed

@@ -10,7 +10,13 @@ decision is taken once per batch, after every `on_train_batch_end` hook, so sett
 at the step that reaches `max_steps` adds a validation where none would run and never a second one
 where one already runs (a validation step, the epoch's last batch). The run stops at that step
 either way (`max_steps`), so `should_stop` changes nothing else. With `max_steps` -1 (epochs bound
-the run) it does nothing, and it leaves the epochs that `check_val_every_n_epoch` skips unvalidated.
+the run) it does nothing there.
+
+`check_val_every_n_epoch` N skips the epochs that are not a multiple of N, the last one too (a run
+of 5 epochs with N=2 ended 1 epoch past its last validation), and Lightning checks it before
+`should_stop`. So in the run's last epoch (by max_epochs), and at the step that reaches
+max_steps, the trainer's `check_val_every_n_epoch` (a public attribute, read at every check) is
+set to 1: the run's end is validated whatever N is.
 """
 from __future__ import annotations
 
@@ -18,8 +24,19 @@ from lightning.pytorch.callbacks import Callback
 
 
 class FinalValidation(Callback):
-    """Sets `trainer.should_stop` at the step that reaches `trainer.max_steps` (see the module docstring)."""
+    """Validates the run's end: `trainer.should_stop` at the step that reaches `trainer.max_steps`, and
+    validation in the last epoch whatever `check_val_every_n_epoch` says (see the module docstring)."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1:
+            self._validate_this_epoch(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
             trainer.should_stop = True
+            self._validate_this_epoch(trainer)
+
+    @staticmethod
+    def _validate_this_epoch(trainer) -> None:
+        if trainer.check_val_every_n_epoch not in (None, 1):
+            trainer.check_val_every_n_epoch = 1

@@ -10,15 +10,25 @@ finished one (0) and from a failed one (1, or 2 for bad input).
 While training runs, these handlers replace Lightning's SIGTERM handler, which would stop a
 validation half-way and leave last.ckpt at its previous save: a signal during validation stops
 the fit after the next training step instead. A validation due right after the step that saw the
-signal (an epoch's end, val_check_interval, FinalValidation) still runs, and the stop follows it:
-a resumed run starts after that validation and would never run it (seen: an epoch's validation
-row and best-checkpoint candidate lost). last.ckpt, saved before it, is saved again after it. Outside training (setup, the sanity check)
-Lightning's handler stops the command with the same status. Under Lightning's SLURM auto-requeue,
-SIGUSR1 and SIGTERM stay Lightning's. A second Ctrl-C stops at once.
+signal (an epoch's end, val_check_interval, FinalValidation) still runs, and the stop follows it
+and the checkpoint callbacks after it (Lightning calls ModelCheckpoint and EarlyStopping last at an
+epoch's end): a resumed run starts after that validation and would never run it, so the stop at an
+epoch's end waits for the next hook (the next epoch's first step, or the end of training), by
+when the epoch's best-checkpoint candidate and early-stopping check are saved. last.ckpt, saved
+before the validation, is saved again after it.
+
+Outside training (building the data, setup, after the fit) `outside_training` turns SIGINT and
+SIGUSR1 into the same status, with nothing to save; SIGTERM there is Lightning's, and stops the
+command with that status too (attnlab.errors.interrupted_status). Under SLURM with Lightning's
+auto-requeue (any SLURM batch job, one GPU included), SIGUSR1 and SIGTERM stay Lightning's: it
+writes hpc_ckpt_N.ckpt into the run folder and calls `scontrol requeue`, and the requeued job
+resumes from it. A second Ctrl-C stops at once.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import threading
 
 from lightning.pytorch.callbacks import Callback
@@ -27,6 +37,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.compat import private_api as private
 from attnlab.errors import Preempted
+from attnlab.training.run_folder import slurm_batch_job
 
 
 class Preemption(Callback):
@@ -47,7 +58,8 @@ class Preemption(Callback):
         self._signal = self._stopping = None
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach the main thread only
-        environment = getattr(trainer.strategy, "cluster_environment", None)  # a single device has none
+        # The strategy's environment is None on a single device; Lightning's signal connector reads this one.
+        environment = private.get(trainer, "_accelerator_connector").cluster_environment
         requeue = isinstance(environment, SLURMEnvironment) and environment.auto_requeue
         for signum in (signal.SIGINT,) if requeue else (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             self._previous[signum] = signal.signal(signum, self._catch)
@@ -71,7 +83,7 @@ class Preemption(Callback):
             self._say(message)
             raise Preempted(message)
 
-    on_train_batch_start = on_train_epoch_end = on_train_end = _stop
+    on_train_batch_start = on_train_end = _stop  # not on_train_epoch_end: see the module docstring
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if self._stopping is not None:
@@ -96,3 +108,29 @@ class Preemption(Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+
+
+@contextlib.contextmanager
+def outside_training():
+    """SIGINT and SIGUSR1 outside training steps stop the command with EXIT_INTERRUPTED and one line,
+    instead of Lightning's KeyboardInterrupt path (exit 1) or SIGUSR1's default (the process dies
+    with no message). Preemption's handlers take over while training runs. Under Lightning's SLURM
+    auto-requeue SIGUSR1 is left alone: Lightning registers its requeue handler only on a signal
+    that has none."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = [signal.SIGINT] + ([] if slurm_batch_job() else [signal.SIGUSR1])
+
+    def stop(signum, frame):
+        message = (f"interrupted ({signal.Signals(signum).name}) outside a training step; nothing was lost since the "
+                   "run's last saved checkpoints/last.ckpt, where the same command resumes a fit")
+        print(f"\nattnlab: {message}", file=sys.stderr, flush=True)
+        raise Preempted(message)
+
+    previous = {signum: signal.signal(signum, stop) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

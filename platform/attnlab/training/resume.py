@@ -234,6 +234,25 @@ class ResumableCSVLogger(CSVLogger):
 
 
 def last_checkpoint(run_dir: Path) -> Path | None:
-    """The run folder's checkpoints/last.ckpt, if a run there wrote one."""
-    path = Path(run_dir) / "checkpoints" / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-    return path if path.is_file() else None
+    """The checkpoint a fit of this run folder resumes from: checkpoints/last.ckpt (a file, or a
+    sharded folder with a complete step), or the newest hpc_ckpt_N.ckpt that Lightning's SLURM requeue wrote into the folder (the run folder is the
+    trainer's default_root_dir) when it holds a later step."""
+    from attnlab.checkpoints import sharded_steps
+
+    run_dir = Path(run_dir)
+    path = run_dir / "checkpoints" / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+    if path.is_dir():  # sharded (LayerWiseFSDP): resumable once one step folder is complete
+        return path if sharded_steps.newest(path) is not None else None
+    candidates = [path] if path.is_file() else []
+    requeued = sorted(run_dir.glob("hpc_ckpt_*.ckpt"), key=lambda p: int(p.stem.rpartition("_")[2] or 0))
+    candidates += requeued[-1:]
+    if len(candidates) < 2:
+        return candidates[0] if candidates else None
+    return max(candidates, key=_global_step)  # a tie keeps last.ckpt
+
+
+def _global_step(checkpoint: Path) -> int:
+    try:
+        return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except Exception:  # noqa: BLE001 - a damaged file is refused when it is read for the resume
+        return -1
