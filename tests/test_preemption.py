@@ -7,6 +7,7 @@ Each signal comes from the process itself at a fixed hook (a wrapper around `att
 moment is deterministic."""
 from __future__ import annotations
 
+import csv
 import os
 import stat
 import subprocess
@@ -17,8 +18,8 @@ import torch
 
 from conftest import debug_fit_args, run_main
 
-# 64 pairs / batch 8: 8 steps, one epoch; early stopping on, so its state is checkpointed too.
-EPOCH_ARGS = ["--trainer.max_steps", "-1", "--trainer.max_epochs", "1", "--data.init_args.batch_size", "8",
+# 64 pairs / batch 8: 8 steps an epoch, two epochs; early stopping on, so its state is checkpointed too.
+EPOCH_ARGS = ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
               "--run.patience", "2"]
 
 SIGNALLER = """
@@ -46,6 +47,11 @@ def _signalled(args, cwd, where, signal_name, env=None, **fields) -> subprocess.
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, errors="replace")
 
 
+def _train_rows(run_dir) -> list[tuple[int, float]]:
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [(int(row["step"]), float(row["train/loss"])) for row in csv.DictReader(f) if row.get("train/loss")]
+
+
 def _selection_state(last_ckpt) -> dict:
     """What the best-checkpoint and early-stopping callbacks recorded in a run's last.ckpt."""
     callbacks = torch.load(last_ckpt, map_location="cpu", weights_only=True)["callbacks"]
@@ -56,9 +62,10 @@ def _selection_state(last_ckpt) -> dict:
 
 
 def test_a_stop_at_an_epochs_end_keeps_its_best_checkpoint_and_early_stopping_check(tmp_path):
-    """SIGTERM while the last step of the epoch trains: the step, the validation after it and the
-    checkpoint callbacks that Lightning runs last at the epoch's end all happen before the stop, so
-    the resumed run ends with the uninterrupted run's best checkpoint, score and early-stopping state."""
+    """SIGTERM while the last step of the first epoch trains: the step, the validation after it and
+    the checkpoint callbacks that Lightning runs last at the epoch's end all happen before the stop.
+    The resumed run starts the next epoch, logs every step once with the uninterrupted run's
+    losses, and ends with its best checkpoint, score and early-stopping state."""
     full = run_main(debug_fit_args(tmp_path, *EPOCH_ARGS, version="full"), cwd=tmp_path)
     assert full.code == 0, full.err[-3000:]
     args = debug_fit_args(tmp_path, *EPOCH_ARGS, version="cut")
@@ -69,8 +76,11 @@ def test_a_stop_at_an_epochs_end_keeps_its_best_checkpoint_and_early_stopping_ch
     assert resumed.code == 0, resumed.err[-3000:]
     assert "could not find the monitored key" not in resumed.err
     full_dir, cut_dir = tmp_path / "debug" / "full", tmp_path / "debug" / "cut"
+    got_rows, want_rows = _train_rows(cut_dir), _train_rows(full_dir)
+    assert [s for s, _ in got_rows] == [s for s, _ in want_rows] == list(range(16))
+    assert [v for _, v in got_rows] == pytest.approx([v for _, v in want_rows], abs=1e-6, rel=0)
     want = _selection_state(full_dir / "checkpoints" / "last.ckpt")
-    assert want["best"] == "best-epoch=0-step=8.ckpt"
+    assert want["best"] in ("best-epoch=0-step=8.ckpt", "best-epoch=1-step=16.ckpt")
     assert _selection_state(cut_dir / "checkpoints" / "last.ckpt") == want
     assert (cut_dir / "checkpoints" / want["best"]).is_file()
     assert f"best checkpoint: {cut_dir / 'checkpoints' / want['best']}" in resumed.out
