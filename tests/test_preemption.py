@@ -18,8 +18,9 @@ import torch
 
 from conftest import debug_fit_args, run_main
 
-# 64 pairs / batch 8: 8 steps an epoch, two epochs; early stopping on, so its state is checkpointed too.
-EPOCH_ARGS = ["--trainer.max_steps", "-1", "--trainer.max_epochs", "2", "--data.init_args.batch_size", "8",
+# 64 pairs / batch 8: 8 steps an epoch; the run bounded by max_steps 12 (as a run.budget bounds it),
+# half-way through the second; early stopping on, so its state is checkpointed too.
+EPOCH_ARGS = ["--trainer.max_steps", "12", "--trainer.max_epochs", "-1", "--data.init_args.batch_size", "8",
               "--run.patience", "2"]
 
 SIGNALLER = """
@@ -64,8 +65,9 @@ def _selection_state(last_ckpt) -> dict:
 def test_a_stop_at_an_epochs_end_keeps_its_best_checkpoint_and_early_stopping_check(tmp_path):
     """SIGTERM while the last step of the first epoch trains: the step, the validation after it and
     the checkpoint callbacks that Lightning runs last at the epoch's end all happen before the stop.
-    The resumed run starts the next epoch, logs every step once with the uninterrupted run's
-    losses, and ends with its best checkpoint, score and early-stopping state."""
+    The resumed run starts the next epoch (under max_steps too: EpochEndResume), logs every step
+    once with the uninterrupted run's losses, and ends with its best checkpoint, score and
+    early-stopping state."""
     full = run_main(debug_fit_args(tmp_path, *EPOCH_ARGS, version="full"), cwd=tmp_path)
     assert full.code == 0, full.err[-3000:]
     args = debug_fit_args(tmp_path, *EPOCH_ARGS, version="cut")
@@ -77,10 +79,10 @@ def test_a_stop_at_an_epochs_end_keeps_its_best_checkpoint_and_early_stopping_ch
     assert "could not find the monitored key" not in resumed.err
     full_dir, cut_dir = tmp_path / "debug" / "full", tmp_path / "debug" / "cut"
     got_rows, want_rows = _train_rows(cut_dir), _train_rows(full_dir)
-    assert [s for s, _ in got_rows] == [s for s, _ in want_rows] == list(range(16))
+    assert [s for s, _ in got_rows] == [s for s, _ in want_rows] == list(range(12))
     assert [v for _, v in got_rows] == pytest.approx([v for _, v in want_rows], abs=1e-6, rel=0)
     want = _selection_state(full_dir / "checkpoints" / "last.ckpt")
-    assert want["best"] in ("best-epoch=0-step=8.ckpt", "best-epoch=1-step=16.ckpt")
+    assert want["best"] in ("best-epoch=0-step=8.ckpt", "best-epoch=1-step=12.ckpt")
     assert _selection_state(cut_dir / "checkpoints" / "last.ckpt") == want
     assert (cut_dir / "checkpoints" / want["best"]).is_file()
     assert f"best checkpoint: {cut_dir / 'checkpoints' / want['best']}" in resumed.out

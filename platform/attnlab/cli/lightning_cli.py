@@ -29,7 +29,7 @@ from attnlab.training.final_validation import FinalValidation
 from attnlab.training.guards import NonFiniteLossGuard
 from attnlab.training.ledger import BudgetLedger
 from attnlab.training.per_example import PerExampleWriter, gather_rows
-from attnlab.training.resume import LastCheckpoint, RngStates, last_checkpoint
+from attnlab.training.resume import EpochEndResume, LastCheckpoint, RngStates, last_checkpoint
 from attnlab.training.parameter_summary import ParameterSummary
 from attnlab.training.run_summary import RunSummary
 import data_modules
@@ -52,6 +52,7 @@ class AttnlabCLI(LightningCLI):
                 # the best-by-run.monitor ModelCheckpoint (and EarlyStopping) join in instantiate_trainer
                 LastCheckpoint(),  # last.ckpt, also mid-epoch (run.checkpoint_every_n_steps): see attnlab.training.resume
                 RngStates(),
+                EpochEndResume(),  # a checkpoint from an epoch's end resumes the next epoch under max_steps too
                 BudgetLedger(),  # FLOPs, tokens, epochs and time spent; run.budget sets max_steps (attnlab.training.budget)
                 RunSummary(),
                 NonFiniteLossGuard(),

@@ -10,6 +10,8 @@ A run killed at any point (SIGKILL included) and started again with the same com
   (Training noise is per rank: `RngStates` seeds each rank's torch generator by (seed, rank).)
 - The training batch order is fixed by (seed, epoch) and the data module skips the batches of the
   interrupted epoch that were already trained (`TokenizedDataModule.state_dict`).
+- `EpochEndResume` makes a checkpoint from an epoch's end resume the next epoch when max_steps
+  bounds the run, as Lightning does when epochs bound it.
 - `ResumableCSVLogger` keeps the run's metrics.csv and drops the rows that the resumed run logs
   again (those written after the checkpoint), so every step appears exactly once.
 """
@@ -65,6 +67,38 @@ class LastCheckpoint(ModelCheckpoint):
         if trainer.fast_dev_run or trainer.sanity_checking or trainer.state.fn != "fit":
             return
         private.get(self, "_save_last_checkpoint")(trainer, private.get(self, "_monitor_candidates")(trainer))
+
+
+class EpochEndResume(Callback):
+    """A fit resumed from a checkpoint written at an epoch's end starts the next epoch as
+    Lightning does for epoch-bound runs, also when max_steps bounds the run (a run.budget sets it).
+
+    Lightning's fit loop treats a finished epoch as "not actually restarting" unless the training
+    is iteration-based (`max_steps` set), where it forces a restart of that epoch: its end runs
+    again, which moves the sampler one epoch ahead and the logged step one step late (seen: from
+    step 8 of 8-step epochs, the resumed run trained epoch 2's order as epoch 1, logged from step 9).
+    So the loop's progress is restored with max_steps unset, as for an epoch-bound run, and
+    max_steps is put back before the first training step. A checkpoint from the middle of an epoch
+    restarts that epoch either way.
+    """
+
+    def __init__(self):
+        self._max_steps: int | None = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn == "fit" and trainer.max_steps != -1:  # the loops are restored next
+            self._max_steps = trainer.max_steps
+            trainer.fit_loop.epoch_loop.max_steps = -1
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._put_back(trainer)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._put_back(trainer)
+
+    def _put_back(self, trainer) -> None:
+        if self._max_steps is not None:
+            trainer.fit_loop.epoch_loop.max_steps, self._max_steps = self._max_steps, None
 
 
 def rank_seed(seed: int, rank: int, step: int = 0) -> int:
