@@ -59,7 +59,7 @@ class AttnlabCLI(LightningCLI):
                 FinalValidation(),  # a run that max_steps stops mid-epoch validates at its last step
                 ChildProcessReaper(),
                 PerExampleWriter(),
-                Preemption(),  # after LastCheckpoint: SIGTERM / Ctrl-C save last.ckpt and exit 75
+                Preemption(),  # SIGTERM / Ctrl-C / SIGUSR1: last.ckpt, exit 75 (checkpoint callbacks run after it)
             ]},
             auto_configure_optimizers=False,
             load_from_checkpoint_support=False,
