@@ -274,15 +274,15 @@ class AttnlabCLI(LightningCLI):
                     self._say(f"--ckpt_path last: no {named}/checkpoints/last.ckpt "
                               "(name the run with --run.version): starting from scratch")
                 return None
-            self._check_resumable(last)
-            self._say(f"resuming {run_dir} from {last}{_step_of(last)}")
+            checkpoint = self._check_resumable(last)
+            self._say(f"resuming {run_dir} from {last} (epoch {checkpoint['epoch']}, step {checkpoint['global_step']})")
             return str(last), True
         continues = self._version.named and (run_dir / "metrics.csv").is_file()
         return str(ckpt_path), continues
 
-    def _check_resumable(self, last: Path) -> None:
-        """The run folder's last.ckpt loads and fits the model (one line, not Lightning's traceback,
-        for a damaged file or a config that changed since)."""
+    def _check_resumable(self, last: Path) -> dict:
+        """The run folder's last.ckpt (returned) loads and fits the model (one line, not Lightning's
+        traceback, for a damaged file or a config that changed since)."""
         try:
             checkpoint = read_checkpoint(last, arg=f"resuming {self._run_dir()}", mmap=True, sharded=True)
             if isinstance(self.model, FamilyModule):
@@ -298,6 +298,7 @@ class AttnlabCLI(LightningCLI):
                               + (f"; {len(differ) - 4} more" if len(differ) > 4 else "")
                               + "): rerun with the settings it was trained with to resume it, or add "
                               "--run.version NAME to start a new run in its own folder")
+        return checkpoint
 
     @rank_zero_only
     def _say(self, line: str) -> None:
@@ -388,21 +389,6 @@ def _replaced_by_budget(trainer_config, budget: dict | None) -> str:
         return ""
     limits = [(key, trainer_config.get(key)) for key in ("max_steps", "max_epochs", "max_time")]
     return ", ".join(f"trainer.{key}={value}" for key, value in limits if value not in (None, -1))
-
-
-def _step_of(checkpoint: Path) -> str:
-    """' (epoch E, step S)' of a checkpoint, or '' if it cannot tell."""
-    import torch
-
-    from attnlab.checkpoints import sharded_steps
-
-    try:
-        step = sharded_steps.newest(checkpoint) if checkpoint.is_dir() else None
-        state = torch.load(step / sharded_steps.META if step else checkpoint, map_location="cpu", weights_only=True,
-                           mmap=step is None)
-        return f" (epoch {state['epoch']}, step {state['global_step']})"
-    except Exception:  # noqa: BLE001 - only a message
-        return ""
 
 
 def _family_of(class_path: str) -> str:

@@ -154,7 +154,7 @@ def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[d
     rows = []
     try:
         header = next(reader)
-        unnamed = [name for name in header if not name.strip() or _is_number(name)]
+        unnamed = [name for name in header if not name.strip() or is_number(name)]
         if unnamed:
             raise damaged(1, f"no header (its first line holds {unnamed[0]!r} where a metric name goes)")
         for cells in reader:
@@ -166,7 +166,7 @@ def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[d
             for key, value in zip(header, cells):
                 if value == "":
                     continue
-                if not _is_number(value):
+                if not is_number(value):
                     raise damaged(reader.line_num, f"{key} is {value[:40]!r}, not a number")
                 parsed[key] = float(value)
             rows.append(parsed)
@@ -175,7 +175,8 @@ def read_metrics(path: Path, fix: str = "rerun the run that wrote it") -> list[d
     return rows
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether `text` reads as a number (a CSV cell, a negative value among command-line arguments)."""
     try:
         float(text)
     except ValueError:

@@ -36,6 +36,7 @@ import yaml
 from attnlab.checkpoints.atomic import atomic_write_text
 from attnlab.errors import EXIT_INTERRUPTED, EXIT_NO_ROOM, AttnlabError, ConfigError, NoRoom, Preempted
 from attnlab.reports.provenance import write_sweep_record
+from attnlab.reports.runs import is_number
 from attnlab.sweeps.arguments import as_cli_args
 from attnlab.sweeps.spec import (
     BUDGET,
@@ -473,15 +474,6 @@ def check_trainer_limits(spec: SweepSpec, passthrough: list[str]) -> None:
             raise ConfigError(f"{spec.path}: point {point.name}: {err}") from None
 
 
-def _is_number(arg: str) -> bool:
-    """A negative number among the pass-through arguments is a value (`--trainer.max_epochs -1`)."""
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True
-
-
 def visible_gpus() -> list[str]:
     import torch
 
@@ -493,7 +485,7 @@ def sweep_main(argv: list[str]) -> int:
     from attnlab.reports.report import report_main
 
     args, passthrough = build_parser().parse_known_args(argv)
-    stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--") and not _is_number(a)]
+    stray = [a for a in passthrough if a.startswith("-") and not a.startswith("--") and not is_number(a)]
     if stray:
         raise AttnlabError(f"unknown option {stray[0]} (attnlab sweep --help lists the options)")
     spec = load_sweep(args.sweep_file)
