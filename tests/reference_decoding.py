@@ -245,3 +245,21 @@ def sample_blocks_uncached(model, prompts, *, max_new_tokens, block_size, steps,
         if all(done):
             break
     return _strip(generated, eos_id, budgets)
+
+
+def ar_view_greedy_uncached(model, prompts, *, max_new_tokens, eos_id):
+    """A shifted, causal block-diffusion model's AR view decoded greedily, one row at a time with no
+    cache: the whole sequence through the stack under a causal mask at every step, the last clean
+    hidden state's logits (mask token excluded) choosing the next token."""
+    out = []
+    for prompt, budget in zip(prompts, _budgets(max_new_tokens, len(prompts))):
+        row = list(prompt)
+        for _ in range(budget):
+            tokens = torch.tensor([row], dtype=torch.long)
+            hidden, _ = model.stack(tokens, torch.arange(len(row)), is_causal=True)
+            token = int(_choose(model.logits(hidden[:, -1]), SamplingConfig(), None)[0])
+            row.append(token)
+            if token == eos_id:
+                break
+        out.append(row[len(prompt):])
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in out]

@@ -165,14 +165,18 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                        help="BlockDiffusion with shift and a causal context: draft each block by diffusion and keep "
+                             "what the model's own AR view agrees with (its AR output, several tokens a call)")
     args = parser.parse_args(argv)
     from attnlab.checkpoints.reading import load_checkpoint  # after parsing: --help needs no torch
 
     module, _ = load_checkpoint(args.checkpoint)
-    for field in ("temperature", "top_k", "top_p", "max_new_tokens"):
+    for field in ("temperature", "top_k", "top_p", "max_new_tokens", "verify"):
         if getattr(args, field) is not None:
             setattr(module.sampling, field, getattr(args, field))
     module.sampling.__post_init__()
+    module.check_generation()
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise AttnlabError("nothing to generate from: give text arguments or lines on stdin")

@@ -281,6 +281,12 @@ class DecodeState:
             self.row_end = self.row_end + valid[:, :n_clean].long().sum(1)
             self._measure_rows()
 
+    def retract(self, count: torch.Tensor) -> None:
+        """Take back the last `count` (B,) keys each row committed (draft-and-verify's rejected
+        drafts): like a trial block's, their slots are written over by the row's next call."""
+        self.row_end = self.row_end - count
+        self._measure_rows()
+
     def _measure_rows(self) -> None:
         """`end` and `aligned` from the rows' ends (one device sync, only after a call with padding)."""
         shortest, longest = (int(x) for x in self.row_end.aminmax()) if self.rows else (0, 0)

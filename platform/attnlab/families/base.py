@@ -49,11 +49,19 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
     causal_lm = False  # `model(tokens)` gives every position's next-token logits: it can score text
     block_size = 1  # tokens a decoding step settles together (one: token by token)
     compile_backend = "inductor"  # what `compile` uses (tests may swap in a cheaper one)
+    verifies_drafts = False  # decodes by draft-and-verify with `generation.verify` (a model with an AR view)
 
     @classmethod
     def traits(cls) -> dict[str, bool]:
         """What the family says it is, as a run's summary.json records it for the report."""
         return {name: getattr(cls, name) for name in CAPABILITIES}
+
+    def check_generation(self) -> None:
+        """Generation settings the family cannot decode with, refused in one line (at setup, and by
+        `attnlab generate` after its options change them)."""
+        if self.sampling.verify and not self.verifies_drafts:
+            raise ConfigError(f"generation.verify is draft-and-verify decoding of BlockDiffusion (with shift true and "
+                              f"context causal); {type(self).__name__} has no drafts to verify: set it false")
 
     def __init__(
         self,
@@ -75,6 +83,8 @@ class FamilyModule(EvaluationSteps, L.LightningModule, ABC):
         self.backbone = _coerce(BackboneConfig, backbone)
         self.optim = _coerce(OptimizerConfig, optimizer)
         self.sampling = _coerce(SamplingConfig, generation)
+        if not self.verifies_drafts:
+            FamilyModule.check_generation(self)
         self.special = _coerce(SpecialIds, special_ids)
         if vocab_size < 1:
             raise ConfigError(

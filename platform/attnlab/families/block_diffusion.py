@@ -24,6 +24,7 @@ from attnlab.families.attention_map import AttentionMap, layer_weights, token_la
 from attnlab.families.base import FamilyModule
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
+from attnlab.generation.draft_verify import DraftStats, draft_and_verify
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.losses import LossTerms, row_sums, token_losses
@@ -63,6 +64,7 @@ BENCH_THRESHOLDS = (0.9, 0.7)  # and its adaptive rows: each call reveals every 
 class BlockDiffusion(FamilyModule):
     family = "block_diffusion"
     autoregressive, nll_is_bound, encodes_source = False, True, False
+    verifies_drafts = True
 
     def __init__(
         self,
@@ -155,8 +157,15 @@ class BlockDiffusion(FamilyModule):
         self.register_buffer("train_noise", torch.tensor(_check_range("noise_range", noise_range, block_size, resample)))
         self.model = BlockDiffusionModel(self.backbone, self.vocab_size, self.special.pad, self.special.mask,
                                          mask_backend, shift=_check_bool("shift", shift), context=context)
+        self.check_generation()
+        self.draft_stats = DraftStats()  # what draft-and-verify's drafts did in this evaluation
         self._eval_noise: torch.Generator | None = None  # created, seeded 0, at first use in each evaluation
         self._variance_stats: dict[int, list[float]] = {}
+
+    def check_generation(self) -> None:
+        if self.sampling.verify and not (self.model.shift and self.model.causal):
+            raise ConfigError("generation.verify needs model.init_args.shift true and context causal (the AR view "
+                              "that checks the drafts: a model converted from DecoderOnly has it); set verify false")
 
     # ---- the NELBO --------------------------------------------------------------------------------
     def _frame(self, batch: dict) -> BlockFrame:
@@ -291,10 +300,33 @@ class BlockDiffusion(FamilyModule):
         super().on_validation_epoch_start()
         self.reset_eval_noise()
         self._variance_stats = {}
+        self.draft_stats = DraftStats()
 
     def on_test_epoch_start(self):
         super().on_test_epoch_start()
         self.reset_eval_noise()
+        self.draft_stats = DraftStats()
+
+    def on_test_epoch_end(self):
+        self._log_draft_stats("test")
+        super().on_test_epoch_end()
+
+    def _log_draft_stats(self, stage: str) -> None:
+        """With generation.verify: tokens per call (k) and the share of drafts equal to the AR
+        view's choice (p), overall and by draft position (`{stage}/draft_p1` ...), over every rank's
+        rows."""
+        stats = self.draft_stats
+        if not stats.row_calls:
+            return
+        n = len(stats.checked)
+        sums = torch.tensor([stats.row_calls, stats.tokens, *stats.checked, *stats.agreed], dtype=torch.float64,
+                            device=self.device)
+        row_calls, tokens, *counts = self.trainer.strategy.reduce(sums, reduce_op="sum").tolist()
+        checked, agreed = counts[:n], counts[n:]
+        logged = {f"{stage}/tokens_per_call": tokens / row_calls,
+                  f"{stage}/draft_p": sum(agreed) / sum(checked) if sum(checked) else float("nan"),
+                  **{f"{stage}/draft_p{i + 1}": a / c if c else float("nan") for i, (a, c) in enumerate(zip(agreed, checked))}}
+        self.log_dict(logged, batch_size=1, sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         super().validation_step(batch, batch_idx)
@@ -316,6 +348,7 @@ class BlockDiffusion(FamilyModule):
                 stats[2] += float((per_block**2).sum())
 
     def on_validation_epoch_end(self):
+        self._log_draft_stats("val")
         super().on_validation_epoch_end()
         if not self.noise_candidates or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
@@ -394,12 +427,18 @@ class BlockDiffusion(FamilyModule):
         targets = target_length + (0 if source_length == 0 else 1)
         trained = -(-targets // self.block_size) * self.block_size
         generated = 0 if source_length == 0 else -(-self.max_output_length(source_length) // self.block_size) * self.block_size
+        if generated and self.sampling.verify:  # the last call's candidates and masks reach past the output
+            generated += 2 * self.block_size
         return prefix + max(trained, generated)
 
     def generate_ids(self, batch):
         ids = self.special
         prompts = prompts_of(batch, ids.bos, ids.sep)
         max_new = self.max_output_length(batch["source_lengths"])  # one budget per row
+        if self.sampling.verify:
+            return draft_and_verify(self.model, prompts, max_new_tokens=max_new, block_size=self.block_size,
+                                    eos_id=ids.eos, pad_id=ids.pad, sampling=self.sampling,
+                                    compiled=self.sampling.compile, stats=self.draft_stats)
         return sample_blocks(
             self.model, prompts, max_new_tokens=max_new, block_size=self.block_size, steps=self.denoising_steps,
             eos_id=ids.eos, pad_id=ids.pad, sampling=self.sampling, unmasking=self.unmasking,

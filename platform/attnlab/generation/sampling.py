@@ -20,6 +20,12 @@ class SamplingConfig:
     at the first batch: seconds to minutes). The same tokens as eager; off by default, since only
     long decodes win the compile back and how long depends on the device
     (generation/compiled_step.py).
+
+    verify (BlockDiffusion with shift and context causal): draft-and-verify decoding. Each call
+    drafts the next block with the diffusion view and, in the same pass, checks the previous
+    draft with the model's own AR view (generation/draft_verify.py): the output is the AR view's
+    (its greedy tokens, or its distribution when sampling), several tokens a call where the
+    drafts agree.
     """
 
     temperature: float = 0.0
@@ -29,6 +35,7 @@ class SamplingConfig:
     beam_size: int = 1
     length_penalty: float = 0.6
     compile: bool = False
+    verify: bool = False
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -46,16 +53,17 @@ class SamplingConfig:
             raise ConfigError(f"generation.compile={self.compile!r} must be true or false")
         if self.compile:
             check_compilable()
+        if not isinstance(self.verify, bool):
+            raise ConfigError(f"generation.verify={self.verify!r} must be true or false")
         if self.beam_size < 1:
             raise ConfigError(f"generation.beam_size={self.beam_size} must be >= 1 (1 = greedy / sampling)")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"generation.top_p={self.top_p} must be in (0, 1]")
 
 
-def choose_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None):
-    """(B, V) logits -> (B,) token ids."""
-    if cfg.temperature == 0.0:
-        return logits.argmax(dim=-1)
+def filtered_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """(..., V) logits -> the distribution sampling draws from: softmax of the logits over the
+    temperature, with tokens outside top_k / top_p at 0 (temperature > 0 only)."""
     logits = logits.float() / cfg.temperature
     if cfg.top_k:
         kth = logits.topk(min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -67,4 +75,11 @@ def choose_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
         drop_sorted = probs.cumsum(dim=-1) - probs >= cfg.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    return logits.softmax(dim=-1)
+
+
+def choose_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None):
+    """(B, V) logits -> (B,) token ids."""
+    if cfg.temperature == 0.0:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(filtered_probs(logits, cfg), 1, generator=generator).squeeze(-1)

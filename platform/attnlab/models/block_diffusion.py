@@ -131,3 +131,19 @@ class BlockDiffusionModel(nn.Module):
         if state.last_clean_hidden is None:
             raise ValueError("a shifted block needs a clean token before it: start with the prompt")
         return self.logits(torch.cat((state.last_clean_hidden[:, None], hidden[:, n_clean:-1]), dim=1))
+
+    def draft_call(self, clean, clean_valid, n_noisy: int, state: DecodeState, first: int) -> torch.Tensor:
+        """Draft-and-verify's call (generation/draft_verify.py): `clean` (B, c) joins the cache
+        causally, a block of `n_noisy` masks follows it, and the logits (B, c - first + n_noisy - 1, V)
+        of every hidden state from column `first` on but the last. With shift and a causal context
+        each predicts the token after it: after a clean token the AR view's next token (which checks
+        the next clean token), from the last clean token on the diffusion view's draft of each
+        masked position. Logits are computed only for those columns."""
+        if not (self.shift and self.causal):
+            raise ConfigError("draft-and-verify decoding needs model.init_args.shift true and context causal "
+                              "(the AR view that checks the drafts)")
+        masks = torch.full((clean.shape[0], n_noisy), self.mask_id, dtype=clean.dtype, device=clean.device)
+        tokens = torch.cat((clean, masks), dim=1)
+        valid = torch.cat((clean_valid, torch.ones_like(masks, dtype=torch.bool)), dim=1)
+        hidden = state.forward(self.stack, tokens, valid, noisy=n_noisy, causal=True)
+        return self.logits(hidden[:, first:-1])
