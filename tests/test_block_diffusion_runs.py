@@ -4,6 +4,7 @@ import pytest
 from conftest import EXPERIMENTS, FAST_TRAINER, assert_trained_on_the_lowest_variance_candidate, read_metrics
 
 CANDIDATES = [[0.001, 1.0], [0.5, 1.0], [0.2, 0.6]]
+INITIAL_RANGE = (0.5, 1.0)  # experiments/number_words/block_diffusion.yaml's noise_range
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def bd_run(tmp_path_factory):
         "--model.init_args.backbone.d_model", "32", "--model.init_args.backbone.n_layers", "1",
         "--model.init_args.backbone.d_ff", "64", "--model.init_args.noise_search", str(CANDIDATES),
         "--data.init_args.n_train", "64", "--data.init_args.n_val", "64", "--data.init_args.n_test", "64",
-        "--data.init_args.vocab_size", "300", "--data.init_args.max_eval_examples", "8",
+        "--data.init_args.vocab_size", "300", "--data.init_args.max_eval_examples", "8", "--trainer.log_every_n_steps", "1",
     ], cwd=root)
     assert result.code == 0, result.err[-3000:]
     return result, root / "number_words" / "block_diffusion" / "tiny"
@@ -34,6 +35,15 @@ def test_fit_logs_the_common_metric_keys(bd_run):
 
 def test_noise_search_trains_on_the_lowest_variance_candidate(bd_run):
     assert_trained_on_the_lowest_variance_candidate(bd_run[1], CANDIDATES)
+    metrics = read_metrics(bd_run[1])
+    trained_on = list(zip(metrics["train/noise_low"], metrics["train/noise_high"]))  # the range of every logged step
+    assert trained_on and set(trained_on) <= {tuple(c) for c in CANDIDATES} | {INITIAL_RANGE}
+
+
+def test_verify_is_refused_in_one_line_for_a_model_without_an_ar_view(bd_run, cli):
+    result = cli("generate", bd_run[1] / "checkpoints" / "last.ckpt", "twenty one", "--verify")
+    assert result.code == 2
+    assert "generation.verify needs model.init_args.shift true and context causal" in result.err
 
 
 def test_generate_from_a_block_diffusion_checkpoint(bd_run, cli):

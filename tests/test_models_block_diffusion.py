@@ -9,7 +9,7 @@ from attnlab.components.masks import block_diffusion_mask
 from attnlab.generation.block_diffusion import sample_blocks, unmask_schedule
 from reference_decoding import denoise, denoise_block, sample_blocks_uncached
 from attnlab.models.framing import frame_blocks
-from attnlab.models.masked_diffusion import mask_blocks, sample_block_times
+from attnlab.models.masked_diffusion import mask_blocks, reachable, sample_block_times
 
 BOS, EOS, SEP, PAD, MASK = 2, 3, 4, 0, 5
 CONDITIONAL = {
@@ -425,13 +425,12 @@ def zero_output(module):
     return module
 
 
-def test_eos_fillers_are_trained_but_neither_scored_nor_counted_in_the_bound():
+def test_eos_fillers_are_trained_and_scored_but_not_counted_in_the_bound():
     """By hand: one pair, source [7], target [20, 21]: the target block (size 4) holds 20 21 eos
     and one eos filler. With the output layer zeroed every prediction is uniform over the 39
     tokens that are not the mask, so at t = 1 (all 4 masked, weight 1) each masked token costs
-    log 39 nats. The bound scores the 3 real tokens (3 log 39) over 3 counted tokens: log 39 per
-    token, what an AR model with the same uniform prediction scores. The training loss also
-    trains the filler: 4 log 39."""
+    log 39 nats. The bound scores all 4 (the filled sequence's terms: a true bound) over the 3
+    tokens an AR model counts (target and eos); the training loss trains the filler too."""
     import math
 
     module = zero_output(tiny_module(block_size=4, positional="sinusoidal"))
@@ -440,10 +439,31 @@ def test_eos_fillers_are_trained_but_neither_scored_nor_counted_in_the_bound():
     f = frame(batch, 4)
     assert f.n_targets.tolist() == [3] and f.region.tolist() == [4]
     loss, nll = module.nelbo_terms(f, 0, 1, t=torch.ones(1, 1))
-    assert nll.item() == pytest.approx(3 * math.log(39), rel=1e-6)
+    assert nll.item() == pytest.approx(4 * math.log(39), rel=1e-6)
     assert loss.item() == pytest.approx(4 * math.log(39), rel=1e-6)
     terms = module.loss_terms(batch)
     assert terms.targets.tolist() == [3]
+
+
+def test_the_conditional_nelbo_bounds_the_exact_nll_of_a_model_whose_views_agree():
+    """A shifted, causal model with its output zeroed predicts the same (uniform) distribution in
+    its diffusion view and its AR view, so its AR view's NLL of target and eos is exact: the NELBO,
+    averaged over many noise draws at the evaluation range, must not fall below it. It sits above
+    it by the fillers' terms (here three: 5 tokens in two blocks of 4)."""
+    import math
+
+    module = zero_output(tiny_module(block_size=4, positional="rope", shift=True, context="causal"))
+    batch = {"source": torch.tensor([[7, 8]]), "source_lengths": torch.tensor([2]),
+             "target": torch.tensor([[20, 21, 22, 23]]), "target_lengths": torch.tensor([4])}
+    sequence = torch.tensor([[BOS, 7, 8, SEP, 20, 21, 22, 23, EOS]])
+    hidden, _ = module.model.stack(sequence[:, :-1], torch.arange(8), is_causal=True)
+    exact = torch.nn.functional.cross_entropy(module.model.logits(hidden[0, 3:]), sequence[0, 4:], reduction="sum")
+    draws = 4000  # the same pair as many rows, each with its own noise
+    f = frame({key: value.expand(draws, -1) if value.dim() == 2 else value.expand(draws) for key, value in batch.items()}, 4)
+    bound = module.nelbo_terms(f, 1e-3, 1.0, generator=torch.Generator().manual_seed(0))[1].mean().item()
+    assert exact.item() == pytest.approx(5 * math.log(39), rel=1e-5)
+    assert bound >= exact.item()
+    assert bound == pytest.approx(8 * math.log(39), rel=0.05)  # 5 tokens and 3 fillers, each log 39 in expectation
 
 
 def test_complementary_masks_train_every_target_token_once():
@@ -521,3 +541,34 @@ def test_the_ar_loss_is_trained_but_left_out_of_evaluation():
     base = plain.loss_terms(CONDITIONAL).loss
     torch.manual_seed(0)
     assert not torch.allclose(with_ar.loss_terms(CONDITIONAL).loss, base)
+
+
+def test_bd3lms_windows_are_every_width_from_half_to_nine_tenths_slid_by_a_twentieth():
+    from attnlab.models.masked_diffusion import bd3lms_windows
+
+    windows = bd3lms_windows()
+    expected = {(0.001, 1.0)} | {(max(round(0.05 * i, 2), 0.001), round(0.05 * (i + w), 2))
+                                 for w in range(10, 19) for i in range(0, 21 - w)}
+    assert windows[0] == (0.001, 1.0) and set(windows) == expected and len(windows) == len(expected) == 64
+    module = tiny_module(block_size=4, noise_search="bd3lms", resample=True)
+    assert module.noise_candidates and all(reachable(low, high, 4) for low, high in module.noise_candidates)
+    with pytest.raises(ConfigError, match="noise_search='every' must be a list of"):
+        tiny_module(noise_search="every")
+
+
+def test_noise_searchs_statistic_resamples_the_masks_as_training_does():
+    """With resample, the variance statistic is measured on masks redrawn into the candidate
+    range, as bd3lms measures it: every block's masked share lies in [low, high] (without resample,
+    some do not)."""
+    module = tiny_module(block_size=4)
+    f = frame({key: value.repeat(20, 1) if value.dim() == 2 else value.repeat(20) for key, value in CONDITIONAL.items()}, 4)
+    _, blocks, _ = f.target_view()
+    real = (blocks >= 0).view(len(blocks), -1, 4).all(-1)
+
+    def shares(resample):
+        *_, per_token = module.nelbo_terms(f, 0.5, 0.75, generator=torch.Generator().manual_seed(0), per_token=True,
+                                           resample=resample)
+        return (per_token != 0).float().view(len(blocks), -1, 4).mean(-1)[real]
+
+    assert ((shares(True) >= 0.5) & (shares(True) <= 0.75)).all()
+    assert ((shares(False) < 0.5) | (shares(False) > 0.75)).any()

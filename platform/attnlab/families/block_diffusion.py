@@ -7,9 +7,11 @@ log-linear schedule). `val/nll` is that bound with t over [eval_noise_floor, 1],
 token. block_size 1 is autoregressive; a block as long as the target is a masked diffusion LM.
 
 The eos fillers that complete the last block are trained on (sampling makes whole blocks, so
-the model must learn that eos follows eos) but are neither scored nor counted in `nll`: the
-bound covers the tokens an autoregressive model scores (target and eos), so nll, ppl and bpb
-compare with AR's. For converting a DecoderOnly checkpoint, `shift`, `context: causal`,
+the model must learn that eos follows eos) and scored in `nll`, which is then a true upper bound
+on the NLL of target and eos (the model's probability of the filled sequence is at most that of
+the text; leaving the fillers out would drop terms of a bound while unmasked fillers still
+reveal the length), but not counted: nll, ppl and bpb are per token an AR model scores (target
+and eos), so they compare with AR's. For converting a DecoderOnly checkpoint, `shift`, `context: causal`,
 `ar_loss_weight`, `complementary_masks` and `loss_weighting: uniform` give Fast-dLLM v2's recipe
 (docs/guides/families.md).
 """
@@ -29,6 +31,7 @@ from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.losses import LossTerms, row_sums, token_losses
 from attnlab.models.masked_diffusion import (
+    bd3lms_windows,
     example_noise,
     mask_blocks,
     reachable,
@@ -49,6 +52,17 @@ def _check_range(name: str, value, block_size: int, resample: bool) -> tuple[flo
         raise ConfigError(f"model.init_args.{name}={list(value)}: no block of {block_size} tokens has a masked "
                           "fraction in that range, so resample would never finish; widen it or set resample: false")
     return low, high
+
+
+def _noise_candidates(noise_search, block_size: int, resample: bool) -> list[tuple[float, float]]:
+    """noise_search's ranges: as listed, or "bd3lms" for bd3lms's own windows (`bd3lms_windows`;
+    with resample, those some block can reach)."""
+    if noise_search == "bd3lms":
+        return [w for w in bd3lms_windows() if not resample or reachable(*w, block_size)]
+    if isinstance(noise_search, str):
+        raise ConfigError(f"model.init_args.noise_search={noise_search!r} must be a list of [low, high] ranges or "
+                          "bd3lms (every window of width 0.5 to 0.9 in steps of 0.05, and the full range)")
+    return [_check_range("noise_search", c, block_size, resample) for c in (noise_search or [])]
 
 
 def _check_bool(name: str, value) -> bool:
@@ -74,7 +88,7 @@ class BlockDiffusion(FamilyModule):
         unmasking: str = "confidence",
         threshold: float = 0.9,
         noise_range: tuple[float, float] = (1e-3, 1.0),
-        noise_search: list[list[float]] | None = None,
+        noise_search: list[list[float]] | str | None = None,
         eval_noise_floor: float = 1e-3,
         antithetic: bool = True,
         mask_backend: str = "auto",
@@ -87,8 +101,11 @@ class BlockDiffusion(FamilyModule):
         **kwargs,
     ):
         """noise_range: the training t range [β, ω] (BD3-LM clips it, e.g. [0.5, 1] for block 4).
-        noise_search: candidate ranges; each validation epoch of `fit` measures, under each, the
-        variance of the per-block mean loss (bd3lms's statistic) and trains on the lowest.
+        noise_search: candidate ranges, or "bd3lms" (bd3lms's: every window of width 0.5 to 0.9 in
+        steps of 0.05, and the full range; 64 validation passes each epoch); each validation epoch
+        of `fit` measures, under each, the variance of the per-block mean loss (bd3lms's statistic,
+        with `resample` as training draws its masks) and trains on the lowest, logged as
+        train/noise_low and train/noise_high at every step.
         resample: BD3-LM's `training.resample`: a block whose masked fraction falls outside the
         training range has its masks drawn again (same t) until it is inside.
         denoising_steps: model calls per block when sampling (default: block_size, one token each);
@@ -141,7 +158,7 @@ class BlockDiffusion(FamilyModule):
                               "masked at 1 - t, whose 1/t weight has no bound as t nears 1)")
         self.resample = _check_bool("resample", resample)
         self.block_size = block_size
-        self.noise_candidates = [_check_range("noise_search", c, block_size, resample) for c in (noise_search or [])]
+        self.noise_candidates = _noise_candidates(noise_search, block_size, resample)
         self.denoising_steps, self.unmasking = steps, unmasking
         self.threshold = float(threshold)
         self.eval_noise_floor, self.antithetic = eval_noise_floor, antithetic
@@ -184,14 +201,16 @@ class BlockDiffusion(FamilyModule):
         return self._eval_noise
 
     def nelbo_terms(self, frame: BlockFrame, low: float, high: float, generator=None, t=None, seeds=None,
-                    per_token: bool = False):
+                    per_token: bool = False, resample: bool | None = None):
         """Per-row weighted training loss and NLL sums (B,) under t ~ U[low, high] per block
         (or the given (B, n_blocks) t); `seeds` (evaluation): each row's noise from its own seed.
         `per_token`: also the (B, Ln) 1/t-weighted (NELBO) loss of every target position, 0 where
-        unmasked, whatever `loss_weighting` trains with.
+        unmasked, whatever `loss_weighting` trains with. `resample`: redraw masks outside [low,
+        high] (default: when training with `resample`; noise_search's statistic asks for it).
 
         Training adds what the options ask: resampled masks, a complementary copy of each row,
-        the AR loss on the clean half. The NLL never scores eos fillers (see the module's doc)."""
+        the AR loss on the clean half. The NLL scores every target position, eos fillers included
+        (see the module's doc)."""
         target, blocks, positions = frame.target_view()
         rows, draw = len(target), None
         if seeds is not None:
@@ -200,7 +219,7 @@ class BlockDiffusion(FamilyModule):
             t = sample_block_times(rows, target.shape[1] // self.block_size, low, high, self.antithetic, generator,
                                    target.device)
         _, masked, t_token = mask_blocks(target, blocks, t, self.special.mask, generator, draw)
-        if self.training and self.resample:
+        if (self.training and self.resample) if resample is None else resample:
             masked = resample_masks(masked, blocks, t_token, self.block_size, low, high, generator)
         clean, clean_blocks = self._clean_half(frame, self.training)
         if self.training and self.complementary_masks:  # the second copy's t is 1 - t: its marginal
@@ -214,10 +233,9 @@ class BlockDiffusion(FamilyModule):
         logits = self.model.logits(predictors[masked]).float()
         smoothed, nll = token_losses(logits, target[masked], self.optim.label_smoothing, excluded=self.special.mask)
         weight = 1.0 / t_token[masked]
-        scored = torch.arange(target.shape[1], device=target.device) < frame.n_targets.repeat(len(target) // rows)[:, None]
         train_weight = weight if self.loss_weighting == "elbo" else torch.ones_like(weight)
         loss, nll = row_sums(masked.nonzero()[:, 0], len(target), smoothed * train_weight,
-                             nll * weight * scored[masked])
+                             nll * weight)
         n_logits = len(logits)
         if len(target) > rows:  # complementary copies: each an estimate, the row's their mean
             loss, nll = (loss[:rows] + loss[rows:]) / 2, (nll[:rows] + nll[rows:]) / 2
@@ -289,6 +307,13 @@ class BlockDiffusion(FamilyModule):
     def cost_key(self) -> tuple:
         return self.train_range  # noise_search moves it, and with it the masked share projected
 
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.noise_candidates:  # the range noise_search chose, which this step trained on
+            low, high = self.train_range
+            self.log_dict({"train/noise_low": low, "train/noise_high": high}, batch_size=1)
+        return loss
+
     # ---- noise-range search -------------------------------------------------------------------------
     def validation_metrics(self, generates: bool) -> list[str]:
         return super().validation_metrics(generates) + (list(NOISE_SEARCH_METRICS) if self.noise_candidates else [])
@@ -339,7 +364,7 @@ class BlockDiffusion(FamilyModule):
             real = (blocks >= 0).view(rows, -1, self.block_size)[..., 0] & counted[:, None]
             for i, (low, high) in enumerate(self.noise_candidates):
                 *_, per_token = self.nelbo_terms(frame, low, high, self._generator(frame.clean.device),
-                                                 seeds=self._eval_seeds(batch), per_token=True)
+                                                 seeds=self._eval_seeds(batch), per_token=True, resample=self.resample)
                 # bd3lms's statistic: the loss of each block, averaged over its tokens
                 per_block = per_token.view(rows, -1, self.block_size).mean(-1)[real]
                 stats = self._variance_stats.setdefault(i, [0.0, 0.0, 0.0])

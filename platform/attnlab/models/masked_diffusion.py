@@ -79,6 +79,21 @@ def reachable(low: float, high: float, block_size: int) -> bool:
                for k in range(block_size + 1))
 
 
+BD3LMS_WIDTHS = [round(0.5 + 0.05 * i, 2) for i in range(9)]  # 0.5 .. 0.9, bd3lms's clip-search widths
+BD3LMS_STEP = 0.05  # how far each width's window slides
+
+
+def bd3lms_windows(floor: float = 1e-3) -> list[tuple[float, float]]:
+    """bd3lms's candidate training ranges: the full range [floor, 1], then every window of width
+    0.5 to 0.9 (steps of 0.05) slid over [0, 1] in steps of 0.05, its low end kept above `floor`."""
+    windows = [(floor, 1.0)]
+    for width in BD3LMS_WIDTHS:
+        for i in range(int(round((1.0 - width) / BD3LMS_STEP)) + 1):
+            low = round(i * BD3LMS_STEP, 6)
+            windows.append((max(low, floor), round(low + width, 6)))
+    return list(dict.fromkeys(windows))
+
+
 def resample_masks(masked: torch.Tensor, blocks: torch.Tensor, t_token: torch.Tensor, block_size: int,
                    low: float, high: float, generator: torch.Generator | None = None, max_rounds: int = 1000):
     """BD3-LM's `resample`: every block whose fraction of masked tokens lies outside [low, high]
