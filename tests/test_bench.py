@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -384,3 +385,31 @@ def test_a_read_only_page_fails_before_any_work(tmp_path, cli):
     page.chmod(0o444)
     result = cli("bench", "--page", page, "-o", tmp_path / "b.json")
     assert result.code == 2 and "not writable" in result.err and not (tmp_path / "b.json").exists()
+
+
+def test_the_calls_table_times_ar_steps_beside_block_and_verify_calls(tmp_path, cli, monkeypatch):
+    """Every kind of call at every generation batch up to reference_max_batch, eager and compiled
+    (Dynamo's eager backend here), each against the AR step of its own mode in the same rounds."""
+    from attnlab.bench import calls as bench_calls
+    from attnlab.generation import compiled_step
+
+    monkeypatch.setattr(compiled_step, "BACKEND", "eager")
+    monkeypatch.setattr(bench_calls, "CALLS_PER_ROUND", 2)
+    torch.compiler.reset()
+    out = tmp_path / "bench.json"
+    shape = ["--set", "vocab=97", "d_model=32", "n_layers=1", "n_heads=4", "d_ff=64", "gen_batches=2,32",
+             "gen_prompt=4", "gen_new=8", "reference_max_batch=2"]
+    result = cli("bench", "--only", "calls", "--rounds", "1", "--device", "cpu", *shape, "-o", out)
+    torch.compiler.reset()
+    assert result.code == 0, result.err[-3000:]
+    calls = json.loads(out.read_text())["calls"]
+    kinds = ["ar_step"] + [f"{kind}{n}" for n in bench_calls.CALL_WIDTHS for kind in ("block", "verify")]
+    assert set(calls) == {"2"}  # 32 is past reference_max_batch
+    for rows in calls.values():
+        assert set(rows) == set(kinds) | {k + "_compiled" for k in kinds}
+        assert rows["ar_step"]["ratio_to_ar"] == rows["ar_step_compiled"]["ratio_to_ar"] == 1.0
+        for name, row in rows.items():
+            reference = rows["ar_step_compiled" if name.endswith("_compiled") else "ar_step"]
+            ratios = [a / b for a, b in zip(row["round_ms"], reference["round_ms"])]
+            assert row["ratio_to_ar"] == pytest.approx(statistics.median(ratios))
+    assert "| verify16, batch 2 |" in result.out and "b / a eager" in result.out

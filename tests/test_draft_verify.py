@@ -7,6 +7,8 @@ the time (an untrained model repeats one token, which every decoder gets right).
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -29,6 +31,7 @@ def walk(generator, rows: int, length: int) -> torch.Tensor:
     return (start - FIRST_WORD + steps.cumsum(1)) % (VOCAB - FIRST_WORD) + FIRST_WORD
 
 
+@functools.cache
 def trained(block_size: int) -> BlockDiffusion:
     torch.manual_seed(0)
     backbone = dict(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64, dropout=0.0, positional="rope")
@@ -47,9 +50,16 @@ def trained(block_size: int) -> BlockDiffusion:
     return module.eval()
 
 
+class Trained(dict):
+    """block size -> a model trained for it, trained when first asked for (once a process)."""
+
+    def __missing__(self, block_size):
+        return trained(block_size)
+
+
 @pytest.fixture(scope="module")
 def models():
-    return {4: trained(4), 8: trained(8)}
+    return Trained()
 
 
 def prompts(rows: int, seed: int = 1) -> list[list[int]]:
@@ -158,3 +168,20 @@ def test_generation_verify_needs_the_ar_view_and_block_diffusion():
         DecoderOnly(backbone=backbone, vocab_size=VOCAB, generation={"verify": True})
     with pytest.raises(ConfigError, match="generation.verify='yes' must be true or false"):
         SamplingConfig(verify="yes")
+
+
+def test_a_verify_call_taken_back_leaves_the_state_as_it_found_it(models):
+    """retract puts each row's end back, so the same call made again sees the same cache and gives
+    the same logits (what the bench's repeated calls and every rejected draft rely on)."""
+    model = models[4].model
+    state = model.new_state(2, 64, None)
+    prompts = torch.tensor([[BOS, 10, 11, 12], [BOS, 20, 21, 22]])
+    state.forward(model.stack, prompts)
+    before = (state.row_end.clone(), state.end)
+    candidates, fed = torch.tensor([[13, 14, 15, 16], [23, 24, 25, 26]]), torch.ones(2, 4, dtype=torch.bool)
+    with torch.no_grad():
+        first = model.draft_call(candidates, fed, 4, state, first=0)
+        state.retract(torch.tensor([4, 4]))
+        assert torch.equal(state.row_end, before[0]) and state.end == before[1]
+        again = model.draft_call(candidates, fed, 4, state, first=0)
+    assert torch.equal(first, again)

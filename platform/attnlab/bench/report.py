@@ -129,6 +129,16 @@ def _generation_table(batch: str, rows: dict, new_tokens) -> str:
     return _table(header, lines)
 
 
+def _calls_rows(batch: str, rows: dict) -> list[list[str]]:
+    """The per-call table's rows at one batch: kind, ms and b / a, eager then compiled."""
+    def cell(row, key):
+        return "-" if row is None or row.get(key) is None else f"{row[key]:.2f}"
+
+    return [[f"{name}, batch {batch}", cell(eager, "ms_per_call"), cell(eager, "ratio_to_ar"),
+             cell(rows.get(name + "_compiled"), "ms_per_call"), cell(rows.get(name + "_compiled"), "ratio_to_ar")]
+            for name, eager in rows.items() if not name.endswith("_compiled")]
+
+
 def format_report(result: dict) -> str:
     """Markdown tables: the README quotes this output as is."""
     out = [f"attnlab bench, {result['date']}, {result['device']}, torch {result['torch']}, "
@@ -153,6 +163,13 @@ def format_report(result: dict) -> str:
                     "call over the new tokens of a row, what one row waits per token. compile s: a compiled row's "
                     "first call over a timed one (the graphs this batch's shapes add; the first batch compiles "
                     "the most); pays after: the decoding calls whose saving over eager wins those seconds back."]
+    if result.get("calls"):
+        rows = [row for batch, per in result["calls"].items() for row in _calls_rows(batch, per)]
+        out += ["", _table(["decoding call", "ms eager", "b / a eager", "ms compiled", "b / a compiled"], rows),
+                "", "One call's milliseconds over a cache half way through a decode: ar_step, one token a row; "
+                    "blockN, N masked tokens (block diffusion's denoising call); verifyN, N candidates and N masks "
+                    "(draft-and-verify's call). b / a: a call over the AR step of the same mode, the median of "
+                    "the rounds' ratios; draft-and-verify at k tokens a call is k · a / b times AR's speed."]
     if result.get("memory"):
         per_backend = {k: v for k, v in result["memory"].items() if k != "gqa"}
         lengths = sorted({n for per in per_backend.values() for n in per}, key=int)  # JSON keys are strings

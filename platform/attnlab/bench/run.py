@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.bench.calls import bench_calls
 from attnlab.bench.contenders import (
     REFERENCE_OF,
     Options,
@@ -57,7 +58,10 @@ def parse_args(argv):
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (the nn.Module, in place)")
     parser.add_argument("--no-fused-qkv", action="store_true", help="separate query and key/value projections")
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
-    parser.add_argument("--only", nargs="+", choices=("train", "generate", "memory"), default=["train", "generate", "memory"])
+    parser.add_argument("--only", nargs="+", choices=("train", "generate", "calls", "memory"),
+                        default=["train", "generate", "calls", "memory"],
+                        help="calls: milliseconds per decoding call by kind and width (AR step, block and verify "
+                             "calls of 4, 8 and 16 tokens), eager and compiled")
     parser.add_argument("--no-references", action="store_true", help="the families alone")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2 (no transformers installed)")
     parser.add_argument("--warmup", type=int, default=8,
@@ -361,6 +365,8 @@ def bench_main(argv: list[str]) -> int:
     if "generate" in args.only:
         modules = modules or {f: platform_module(f, shape, options) for f in args.families}
         result["generation"] = bench_generation(shape, options, modules, args, say)
+    if "calls" in args.only:
+        result["calls"] = bench_calls(shape, options, args.rounds, say)
     if "memory" in args.only:
         result["memory"] = bench_memory(shape, options, dtype, say)
     result["targets"] = check_targets(result)

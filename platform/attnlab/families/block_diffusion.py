@@ -338,8 +338,8 @@ class BlockDiffusion(FamilyModule):
 
     def _log_draft_stats(self, stage: str) -> None:
         """With generation.verify: tokens per call (k) and the share of drafts equal to the AR
-        view's choice (p), overall and by draft position (`{stage}/draft_p1` ...), over every rank's
-        rows."""
+        view's choice (p), overall and by draft position (`{stage}/draft_p1` ..., those some draft
+        reached), over every rank's rows."""
         stats = self.draft_stats
         if not stats.row_calls:
             return
@@ -350,7 +350,7 @@ class BlockDiffusion(FamilyModule):
         checked, agreed = counts[:n], counts[n:]
         logged = {f"{stage}/tokens_per_call": tokens / row_calls,
                   f"{stage}/draft_p": sum(agreed) / sum(checked) if sum(checked) else float("nan"),
-                  **{f"{stage}/draft_p{i + 1}": a / c if c else float("nan") for i, (a, c) in enumerate(zip(agreed, checked))}}
+                  **{f"{stage}/draft_p{i + 1}": a / c for i, (a, c) in enumerate(zip(agreed, checked)) if c}}
         self.log_dict(logged, batch_size=1, sync_dist=True)
 
     def validation_step(self, batch, batch_idx):

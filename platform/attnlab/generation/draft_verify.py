@@ -201,9 +201,14 @@ def draft_and_verify(
         # A finished row's call wrote nothing (its tokens were not valid); the others keep m + 1 keys.
         state.retract(torch.where(active, n_clean - 1 - kept, 0))
         out[live[:, None], length[:, None] + torch.arange(width, device=device)] = emitted  # past the real: cut later
-        checked_sum = checked_sum + _by_position(checked & active[:, None], n)
-        agreed_sum = agreed_sum + _by_position(agreed & active[:, None], n)
-        ended = ((emitted == eos_id) & (torch.arange(width, device=device) <= kept[:, None])).any(1)
+        place = torch.arange(width, device=device)
+        is_eos = emitted == eos_id
+        # Draft i lands at place i of `emitted`: it counts while the row has neither ended nor run out.
+        counts = active[:, None] & ((is_eos.long().cumsum(1) - is_eos.long()) == 0) \
+            & (length[:, None] + place < budgets[live][:, None])
+        checked_sum = checked_sum + _by_position(checked & counts[:, :-1], n)
+        agreed_sum = agreed_sum + _by_position(agreed & counts[:, :-1], n)
+        ended = (is_eos & (place <= kept[:, None])).any(1)
         length = length + torch.where(active, kept + 1, 0)
         done = done | (active & ended) | (length >= budgets[live])
     result = strip_after_eos(out, eos_id, budgets)

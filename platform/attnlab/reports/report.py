@@ -26,6 +26,9 @@ from attnlab.reports.stats import Summary, summarize
 from attnlab.reports.tables import QUALITY, ColumnMeta, quality_cells, quality_format, render
 
 DESCRIPTION = "turn a folder of runs (or a sweep) into tables with intervals and significance, and PNG plots"
+# Draft-and-verify's decoding statistics (generation.verify): tokens per call, and the share of
+# drafts the AR view agreed with, overall and at the first draft position.
+DRAFT_STATS = {"tokens_per_call": "k (tokens/call)", "draft_p": "p (drafts agreed)", "draft_p1": "p1 (first draft)"}
 VAL_QUALITY = ("nll", "ppl", *QUALITY[1:])  # the paper's Table 3 reports dev perplexity
 
 
@@ -89,6 +92,11 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
             key = f"test/{name}"
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
                 columns.append(Column(f"{evaluation} {name} ({which})", quality_format(name), True, name, evaluation,
+                                      value=lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k)))
+        for name, header in DRAFT_STATS.items():  # what draft-and-verify's drafts bought (described, not tested)
+            key = f"test/{name}"
+            if any(key in r.evaluations.get(evaluation, {}) for r in records):
+                columns.append(Column(f"{evaluation} {header}", "number", True,
                                       value=lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k)))
     if any(r.ledger("flops") is not None for r in records):  # what each run spent (attnlab.training.ledger)
         columns.append(Column("train FLOPs", "count", True, value=lambda r: r.ledger("flops")))
