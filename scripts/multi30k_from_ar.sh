@@ -10,7 +10,8 @@
 #      epochs of fine-tuning: an average would reach back to the first).
 #   3. Both are tested on test2016 at eval batch 1 and 64: DecoderOnly greedy (and beam 4, the README's
 #      earlier row), the converted model (shifted, causal context: see its config) with 4 and 2 steps
-#      per block of 4 and with threshold decoding.
+#      per block of 4 and with threshold decoding; at batch 1, 16 and 64, DecoderOnly greedy and the
+#      converted model by draft-and-verify (generation.verify), all eager.
 #   4. With `scratch` as third argument: BlockDiffusion from scratch (experiments/multi30k/block_diffusion.yaml)
 #      for the same budget B, tested the same way.
 #   5. The table (scripts/multi30k_table.py): every evaluation with sacreBLEU's paired bootstrap
@@ -76,6 +77,11 @@ best() {  # the best-by-val/nll checkpoint of a fit folder
 }
 BD_CKPT=$(best "$BD")
 evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 and 2 steps per block, then threshold decoding
+  if grep -q "context: causal" "$1"; then  # draft-and-verify: the AR view's greedy output, drafts checked in its calls
+    for B in 1 16 64; do
+      evaluate "$1" "$2" "$3" "$4-verify@b$B" --data.init_args.eval_batch_size $B --model.init_args.generation.verify true
+    done
+  fi
   for B in 1 64; do
     evaluate "$1" "$2" "$3" "$4-steps=4@b$B" --data.init_args.eval_batch_size $B
     evaluate "$1" "$2" "$3" "$4-steps=2@b$B" --data.init_args.eval_batch_size $B --model.init_args.denoising_steps 2
@@ -85,7 +91,7 @@ evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 and 2 steps pe
     done
   done
 }
-for B in 1 64; do
+for B in 1 16 64; do
   evaluate experiments/multi30k/decoder_only.yaml "$AR_CKPT" "$AR" "$AR_VERSION-greedy@b$B" \
     --data.init_args.eval_batch_size $B --model.init_args.generation.beam_size 1
 done

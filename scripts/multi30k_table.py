@@ -32,6 +32,9 @@ from attnlab.training.examples_file import read_examples
 GOAL_BLEU_GAP = 3.0  # at most this many sacreBLEU points below
 GOAL_SPEEDUP = 2.0  # at least this many times its generated tokens/s
 GOAL_CALLS_PER_TOKEN = 0.5  # two calls or fewer per block of 4
+# Issue 47's bar for draft-and-verify, against DecoderOnly greedy at the same batch.
+VERIFY_BLEU_GAP = 1.0
+VERIFY_SPEEDUP = 1.5
 MARKERS = ("<!-- generated: multi30k_table -->", "<!-- /generated -->")
 
 
@@ -42,7 +45,7 @@ def main(root: Path, baseline_glob: str, page: Path | None = None) -> None:
         raise SystemExit(f"error: need test evaluations under {root} and exactly one baseline {baseline_glob} "
                          f"(found {len(baselines)}): run scripts/multi30k_from_ar.sh first")
     markdown = "\n".join([*_provenance(root, folders), "", *_table(root, folders, baselines[0]), "",
-                          *_goal(root, folders, baselines[0])])
+                          *_goal(root, folders, baselines[0]), "", *_verify_goal(root, folders, baselines[0])])
     print(markdown)
     if page is not None:
         _replace_generated(page, markdown)
@@ -57,20 +60,22 @@ def _table(root: Path, folders: list[Path], baseline: Path) -> list[str]:
     by_decoding = defaultdict(set)  # the same decoding at several batch sizes should give the same outputs
     for f in outputs:
         by_decoding[_decoding(f)].add(tuple(outputs[f]))
-    lines = ["| evaluation | training | BLEU | p | chrF | p | calls/token | tok/s | same outputs at every batch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| evaluation | training | BLEU | p | chrF | p | calls/token | k | p1 | tok/s | same outputs at every batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in folders:
         name = str(f.relative_to(root))
         row = _metrics(f)
         same = len(by_decoding[_decoding(f)]) == 1
         cells = [_training(_fit_folder(root, f)), f"{row.get('test/bleu', float('nan')):.2f}", _p(p["bleu"].get(name)),
                  f"{row.get('test/chrf', float('nan')):.2f}", _p(p["chrf"].get(name)),
-                 f"{row.get('test/nfe_per_token', float('nan')):.2f}",
-                 f"{row.get('test/gen_tokens_per_s', float('nan')):,.0f}", "yes" if same else "NO"]
+                 f"{row.get('test/nfe_per_token', float('nan')):.2f}", _number(row.get("test/tokens_per_call")),
+                 _number(row.get("test/draft_p1")), f"{row.get('test/gen_tokens_per_s', float('nan')):,.0f}",
+                 "yes" if same else "NO"]
         lines.append(f"| {name}{' (baseline)' if f == baseline else ''} | " + " | ".join(cells) + " |")
     lines += ["", "p: sacreBLEU's paired bootstrap (1,000 resamples) against the baseline; 1 where the outputs are "
               "the baseline's own. training: Lightning's training time (a converted model's includes the AR "
-              "epochs it started from) and optimizer steps."]
+              "epochs it started from) and optimizer steps. k and p1 (draft-and-verify rows): tokens per call "
+              "of a row, and the share of first drafts after the AR view's token that it agreed with."]
     return lines
 
 
@@ -97,13 +102,53 @@ def _goal(root: Path, folders: list[Path], baseline: Path) -> list[str]:
     met = []
     for f in folders:
         row = _metrics(f)
-        if f.name.endswith("@b1") and "test/nfe_per_token" in row and f.parent != baseline.parent:
+        if f.name.endswith("@b1") and "test/nfe_per_token" in row and f.parent != baseline.parent \
+                and "test/tokens_per_call" not in row:
             ok, text = goal_verdict(base, row)
             met += [ok]
             lines.append(f"- {f.relative_to(root)}: {text}: {'**met**' if ok else 'not met'}")
     lines += ["", f"**The goal is {'met' if any(met) else 'not met'}** by "
               f"{sum(met)} of the {len(met)} block-diffusion decodings at batch 1."]
     return lines
+
+
+def verify_verdict(baseline: dict[str, float], candidate: dict[str, float]) -> tuple[bool, str]:
+    """Issue 47's check of a draft-and-verify decoding against DecoderOnly greedy at the same batch:
+    within VERIFY_BLEU_GAP BLEU at VERIFY_SPEEDUP× its tokens/s or more. The speed-up is k · a / b
+    (k tokens a call, a / b an AR step's cost over a verify call's), so b / a = k / speed-up, and the
+    verdict names which of them keeps it under the bar."""
+    gap = baseline["test/bleu"] - candidate["test/bleu"]
+    speedup = candidate["test/gen_tokens_per_s"] / baseline["test/gen_tokens_per_s"]
+    k = candidate["test/tokens_per_call"]
+    cost = k / speedup  # b / a
+    checks = [(gap <= VERIFY_BLEU_GAP, f"{gap:.2f} BLEU below (goal ≤ {VERIFY_BLEU_GAP:g})"),
+              (speedup >= VERIFY_SPEEDUP, f"{speedup:.2f}× its tokens/s (goal ≥ {VERIFY_SPEEDUP:g}×)")]
+    text = ", ".join(t + ("" if ok else " ✗") for ok, t in checks) + f"; k {k:.2f}, b / a {cost:.2f}"
+    if speedup < VERIFY_SPEEDUP:
+        text += (f" (at this b / a, k would have to reach {VERIFY_SPEEDUP * cost:.2f}; at this k, a call would "
+                 f"have to cost {k / VERIFY_SPEEDUP:.2f} AR steps or less)")
+    return all(ok for ok, _ in checks), text
+
+
+def _verify_goal(root: Path, folders: list[Path], baseline: Path) -> list[str]:
+    rows = [f for f in folders if "test/tokens_per_call" in _metrics(f)]
+    if not rows:
+        return []
+    lines = ["**Draft-and-verify** (issue 47): within 1 sacreBLEU of DecoderOnly greedy at the same batch, at "
+             f"≥ {VERIFY_SPEEDUP:g}× its tokens/s (the goal stays 2×):", ""]
+    for f in rows:
+        reference = baseline.parent / (_decoding(baseline)[1] + "@b" + f.name.rsplit("@b", 1)[1])
+        if not (reference / "metrics.csv").is_file():
+            lines.append(f"- {f.relative_to(root)}: no {reference.relative_to(root)} to compare with")
+            continue
+        ok, text = verify_verdict(_metrics(reference), _metrics(f))
+        lines.append(f"- {f.relative_to(root)} against {reference.relative_to(root)}: {text}: "
+                     f"{'**met**' if ok else 'not met'}")
+    return lines
+
+
+def _number(value) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def _provenance(root: Path, folders: list[Path]) -> list[str]:

@@ -73,9 +73,12 @@ def decode(module, rows, budget, block_size, **kwargs):
                             **kwargs)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("block_size", [4, 8])
-@pytest.mark.parametrize("rows", [1, 16], ids=["batch1", "ragged16"])
+# Eager: every batch and block size; compiled (Dynamo's graphs, the slow part): each of them once.
+CASES = [(rows, block, False) for rows in (1, 16) for block in (4, 8)] + [(1, 4, True), (16, 8, True)]
+
+
+@pytest.mark.parametrize("rows, block_size, compiled", CASES,
+                         ids=[f"{'batch1' if r == 1 else 'ragged16'}-{b}-{'compiled' if c else 'eager'}" for r, b, c in CASES])
 def test_greedy_draft_and_verify_is_the_ar_views_greedy_decoding(models, block_size, rows, compiled, monkeypatch):
     if compiled:
         monkeypatch.setattr(compiled_step, "BACKEND", "eager")  # the captured graph, run as captured (see test_compiled_decoding)
@@ -98,9 +101,9 @@ def reference_drafter(module, batch, budget, wrong: bool):
     truth = ar_view_greedy_uncached(module.model, batch, max_new_tokens=budget + 20, eos_id=EOS)
     table = torch.tensor([row + [EOS] * (budget + 20 - len(row)) for row in truth])
 
-    def draft(drafts, start):
+    def draft(drafts, rows, start):
         at = (start[:, None] + torch.arange(drafts.shape[1])).clamp(max=table.shape[1] - 1)
-        right = table[torch.arange(len(drafts))[:, None], at]
+        right = table[rows[:, None], at]
         return (right - FIRST_WORD + 1) % (VOCAB - FIRST_WORD) + FIRST_WORD if wrong else right
     return draft
 
@@ -185,3 +188,33 @@ def test_a_verify_call_taken_back_leaves_the_state_as_it_found_it(models):
         assert torch.equal(state.row_end, before[0]) and state.end == before[1]
         again = model.draft_call(candidates, fed, 4, state, first=0)
     assert torch.equal(first, again)
+
+
+def test_rows_kept_after_their_end_stay_inside_prompt_budget_and_three_blocks():
+    """A finished row kept in the batch (compiled or sampled decoding; here greedy without
+    compaction) is still fed a masked block and padding after its end, which may lie a block past
+    its budget: its slots reach DRAFT_SPAN blocks past the budget, what a learned position table
+    is sized for (positions_needed), and one block less is too few. Row 0 drafts perfectly and ends
+    3 tokens past its budget of 14 (1 + 4 + 4 + 4 + 4 tokens) while row 1, never right, goes on."""
+    from attnlab.generation.draft_verify import DRAFT_SPAN
+
+    n, budget, batch = 4, 14, [[BOS, 10, 11], [BOS, 20, 21]]
+
+    def run(table):
+        torch.manual_seed(0)
+        backbone = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, positional="learned", max_positions=table)
+        module = BlockDiffusion(backbone=backbone, vocab_size=VOCAB, block_size=n, shift=True, context="causal").eval()
+        truth = ar_view_greedy_uncached(module.model, batch, max_new_tokens=budget + n, eos_id=EOS)
+        assert all(len(row) == budget + n for row in truth)  # no eos: both rows run to their budget
+        table = torch.tensor(truth)
+
+        def draft(drafts, rows, start):
+            at = (start[:, None] + torch.arange(drafts.shape[1])).clamp(max=table.shape[1] - 1)
+            right = table[rows[:, None], at]
+            return torch.where(rows[:, None] == 0, right, (right - FIRST_WORD + 1) % (VOCAB - FIRST_WORD) + FIRST_WORD)
+        return decode(module, batch, budget, n, compact=False, drafter=draft), truth
+
+    out, truth = run(len(batch[0]) + budget + DRAFT_SPAN * n)
+    assert out == [row[:budget] for row in truth]
+    with pytest.raises(ConfigError, match="learned position table"):
+        run(len(batch[0]) + budget + (DRAFT_SPAN - 1) * n)

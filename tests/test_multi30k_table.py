@@ -25,6 +25,20 @@ def test_the_goal_needs_quality_speed_and_few_calls_at_once(bleu, tokens_per_s, 
     assert ("✗" in text) is not met
 
 
+@pytest.mark.parametrize("bleu, tokens_per_s, k, met, limit", [
+    (33.0, 450.0, 2.0, True, None),  # 1 BLEU below, exactly 1.5x
+    (32.9, 450.0, 2.0, False, None),  # 1.1 BLEU below
+    (34.0, 390.0, 1.3, False, "k would have to reach 1.50; at this k, a call would have to cost 0.87 AR steps"),
+])
+def test_draft_and_verify_needs_ar_quality_and_one_and_a_half_times_its_speed(bleu, tokens_per_s, k, met, limit):
+    """Speed-up 1.3x at k 1.3 is b / a = 1.00: it is k that falls short of 1.5."""
+    ok, text = multi30k_table.verify_verdict(AR, {"test/bleu": bleu, "test/gen_tokens_per_s": tokens_per_s,
+                                                  "test/tokens_per_call": k})
+    assert ok is met
+    assert (limit is None) == ("would have to" not in text) and (limit is None or limit in text)
+    assert f"k {k:.2f}, b / a {k / (tokens_per_s / 300.0):.2f}" in text
+
+
 def _evaluation(root, name, bleu, tokens_per_s, calls, hypotheses, fit):
     folder = root / name
     folder.mkdir(parents=True)

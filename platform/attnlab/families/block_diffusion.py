@@ -26,7 +26,7 @@ from attnlab.families.attention_map import AttentionMap, layer_weights, token_la
 from attnlab.families.base import FamilyModule
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
-from attnlab.generation.draft_verify import DraftStats, draft_and_verify
+from attnlab.generation.draft_verify import DRAFT_SPAN, DraftStats, draft_and_verify
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.losses import LossTerms, row_sums, token_losses
@@ -61,7 +61,7 @@ def _noise_candidates(noise_search, block_size: int, resample: bool) -> list[tup
         return [w for w in bd3lms_windows() if not resample or reachable(*w, block_size)]
     if isinstance(noise_search, str):
         raise ConfigError(f"model.init_args.noise_search={noise_search!r} must be a list of [low, high] ranges or "
-                          "bd3lms (every window of width 0.5 to 0.9 in steps of 0.05, and the full range)")
+                          "bd3lms (every window of width 0.5, 0.6, 0.7, 0.8 and 0.9 slid in steps of 0.05, and the full range)")
     return [_check_range("noise_search", c, block_size, resample) for c in (noise_search or [])]
 
 
@@ -101,8 +101,8 @@ class BlockDiffusion(FamilyModule):
         **kwargs,
     ):
         """noise_range: the training t range [β, ω] (BD3-LM clips it, e.g. [0.5, 1] for block 4).
-        noise_search: candidate ranges, or "bd3lms" (bd3lms's: every window of width 0.5 to 0.9 in
-        steps of 0.05, and the full range; 64 validation passes each epoch); each validation epoch
+        noise_search: candidate ranges, or "bd3lms" (bd3lms's: every window of width 0.5, 0.6, 0.7,
+        0.8 and 0.9 slid in steps of 0.05, and the full range; 36 validation passes each epoch); each validation epoch
         of `fit` measures, under each, the variance of the per-block mean loss (bd3lms's statistic,
         with `resample` as training draws its masks) and trains on the lowest, logged as
         train/noise_low and train/noise_high at every step.
@@ -339,17 +339,18 @@ class BlockDiffusion(FamilyModule):
     def _log_draft_stats(self, stage: str) -> None:
         """With generation.verify: tokens per call (k) and the share of drafts equal to the AR
         view's choice (p), overall and by draft position (`{stage}/draft_p1` ..., those some draft
-        reached), over every rank's rows."""
-        stats = self.draft_stats
-        if not stats.row_calls:
+        reached), over every rank's rows (every rank joins the sum, with or without rows)."""
+        if not self.sampling.verify:
             return
-        n = len(stats.checked)
-        sums = torch.tensor([stats.row_calls, stats.tokens, *stats.checked, *stats.agreed], dtype=torch.float64,
-                            device=self.device)
+        stats, n = self.draft_stats, self.block_size - 1
+        checked, agreed = (getattr(stats, name) or [0] * n for name in ("checked", "agreed"))
+        sums = torch.tensor([stats.row_calls, stats.tokens, *checked, *agreed], dtype=torch.float64, device=self.device)
         row_calls, tokens, *counts = self.trainer.strategy.reduce(sums, reduce_op="sum").tolist()
+        if not row_calls:
+            return
         checked, agreed = counts[:n], counts[n:]
         logged = {f"{stage}/tokens_per_call": tokens / row_calls,
-                  f"{stage}/draft_p": sum(agreed) / sum(checked) if sum(checked) else float("nan"),
+                  **({f"{stage}/draft_p": sum(agreed) / sum(checked)} if sum(checked) else {}),
                   **{f"{stage}/draft_p{i + 1}": a / c for i, (a, c) in enumerate(zip(agreed, checked)) if c}}
         self.log_dict(logged, batch_size=1, sync_dist=True)
 
@@ -452,8 +453,8 @@ class BlockDiffusion(FamilyModule):
         targets = target_length + (0 if source_length == 0 else 1)
         trained = -(-targets // self.block_size) * self.block_size
         generated = 0 if source_length == 0 else -(-self.max_output_length(source_length) // self.block_size) * self.block_size
-        if generated and self.sampling.verify:  # the last call's candidates and masks reach past the output
-            generated += 2 * self.block_size
+        if generated and self.sampling.verify:  # a finished row's last calls reach past the output
+            generated += DRAFT_SPAN * self.block_size
         return prefix + max(trained, generated)
 
     def generate_ids(self, batch):

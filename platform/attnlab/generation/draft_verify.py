@@ -34,8 +34,13 @@ import torch
 from attnlab.generation.loop import compaction_due, decoding, left_pad, row_budgets, strip_after_eos
 from attnlab.generation.sampling import SamplingConfig, choose_next, filtered_probs
 
-# A test double for the diffusion view: (drafts (B, k), the output index of their first (B,)) -> drafts.
-Drafter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# A test double for the diffusion view: (drafts (B, k), each row's index among the prompts (B,), the
+# output index of its first draft (B,)) -> drafts.
+Drafter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# Slots past a row's budget its calls may reach, in blocks: a row may end up to a block past its
+# budget, and a finished row still in the batch (sampling, compiled) is fed a masked block and a
+# block of padding after its end.
+DRAFT_SPAN = 3
 
 
 @dataclass
@@ -161,7 +166,7 @@ def draft_and_verify(
     longest = max(int(budgets.max()), 0) if rows else 0
     if not longest:
         return [[] for _ in prompts]
-    state = model.new_state(rows, tokens.shape[1] + longest + 2 * n, device, compiled=compiled)
+    state = model.new_state(rows, tokens.shape[1] + longest + DRAFT_SPAN * n, device, compiled=compiled)
     compact = compact and sampling.temperature == 0.0 and not compiled
     out = torch.full((rows, longest + 2 * n), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch
@@ -187,7 +192,7 @@ def draft_and_verify(
             live, candidates, length, done, verifying = (x[keep] for x in (live, candidates, length, done, verifying))
         active = ~done
         if drafter is not None:  # the drafts after the AR view's last token, at output index length
-            candidates[:, 1:] = drafter(candidates[:, 1:], length)
+            candidates[:, 1:] = drafter(candidates[:, 1:], live, length)
         width = n if bool((verifying & active).any()) else 1
         n_clean = torch.where(verifying, n, 1)
         fed = (torch.arange(width, device=device) < n_clean[:, None]) & active[:, None]

@@ -79,13 +79,13 @@ def reachable(low: float, high: float, block_size: int) -> bool:
                for k in range(block_size + 1))
 
 
-BD3LMS_WIDTHS = [round(0.5 + 0.05 * i, 2) for i in range(9)]  # 0.5 .. 0.9, bd3lms's clip-search widths
-BD3LMS_STEP = 0.05  # how far each width's window slides
+BD3LMS_WIDTHS = (0.5, 0.6, 0.7, 0.8, 0.9)  # bd3lms's scripts' clip_search_widths
+BD3LMS_STEP = 0.05  # how far each width's window slides (its clip_search_delta)
 
 
 def bd3lms_windows(floor: float = 1e-3) -> list[tuple[float, float]]:
     """bd3lms's candidate training ranges: the full range [floor, 1], then every window of width
-    0.5 to 0.9 (steps of 0.05) slid over [0, 1] in steps of 0.05, its low end kept above `floor`."""
+    0.5, 0.6, 0.7, 0.8 and 0.9 slid over [0, 1] in steps of 0.05, its low end kept above `floor`."""
     windows = [(floor, 1.0)]
     for width in BD3LMS_WIDTHS:
         for i in range(int(round((1.0 - width) / BD3LMS_STEP)) + 1):
