@@ -238,6 +238,9 @@ def test_decoding_table_has_every_decoding_at_every_batch_with_its_model_calls(t
         "torch_transformer/greedy": new,  # one decoder pass per token (over the whole prefix: no cache)
         # k calls per block; a clean block joins the cache in the next block's first call
         **{f"block_diffusion/steps{k}": new // block * k for k in (1, 2, 4)},
+        # draft-and-verify: the prompt's call gives one token, then every draft kept: block tokens a
+        # call; none kept: one token a call (a rejecting call, then a drafting one, and so on)
+        "block_diffusion/verify_all": 1 + -(-(new - 1) // block), "block_diffusion/verify_none": new,
     }
     thresholds = {"block_diffusion/tau0.9", "block_diffusion/tau0.7"}
     eager = set(expected) | thresholds

@@ -26,7 +26,7 @@ from attnlab.families.attention_map import AttentionMap, layer_weights, token_la
 from attnlab.families.base import FamilyModule
 from attnlab.generation import SamplingConfig
 from attnlab.generation.block_diffusion import UNMASKING, sample_blocks
-from attnlab.generation.draft_verify import DRAFT_SPAN, DraftStats, draft_and_verify
+from attnlab.generation.draft_verify import DRAFT_SPAN, DraftStats, draft_and_verify, replayed_drafts
 from attnlab.models.block_diffusion import BlockDiffusionModel
 from attnlab.models.framing import BlockFrame, frame_blocks, prompts_of
 from attnlab.models.losses import LossTerms, row_sums, token_losses
@@ -439,14 +439,28 @@ class BlockDiffusion(FamilyModule):
 
     @classmethod
     def bench_arguments(cls, block_size):
-        return {"block_size": block_size}
+        """The converted recipe's network (shift, causal clean context): what draft-and-verify needs,
+        at the cost of any block-diffusion model of the same shape."""
+        return {"block_size": block_size, "shift": True, "context": "causal"}
 
     def bench_decodings(self, batch, new, beam, eos_id):
+        """Confidence and threshold decodings; with an AR view, draft-and-verify with every draft kept
+        (`verify_all`: block_size tokens a call) and with none (`verify_none`: one), the bounds of
+        its speed whatever a trained model's drafts (replayed drafts: the bench's weights are
+        untrained)."""
         prompts = batch["source"].tolist()
         common = dict(max_new_tokens=new, eos_id=eos_id, pad_id=self.special.pad, sampling=SamplingConfig())
-        return {(f"tau{s['threshold']}" if "threshold" in s else f"steps{s['steps']}"):
-                lambda compiled, s=s: partial(self.continue_ids, prompts, s, compiled=compiled, **common)
-                for s in self.sample_decodings(BENCH_STEPS, BENCH_THRESHOLDS, "confidence")}
+        out = {(f"tau{s['threshold']}" if "threshold" in s else f"steps{s['steps']}"):
+               lambda compiled, s=s: partial(self.continue_ids, prompts, s, compiled=compiled, **common)
+               for s in self.sample_decodings(BENCH_STEPS, BENCH_THRESHOLDS, "confidence")}
+        if self.model.shift and self.model.causal and self.block_size > 1:
+            span = dict(common, max_new_tokens=new + DRAFT_SPAN * self.block_size)
+            truth = torch.tensor(draft_and_verify(self.model, prompts, block_size=self.block_size, **span))
+            for name, kept in (("verify_all", True), ("verify_none", False)):
+                out[name] = lambda compiled, kept=kept: partial(
+                    draft_and_verify, self.model, prompts, block_size=self.block_size, compiled=compiled,
+                    drafter=replayed_drafts(truth, kept, self.vocab_size, self.special.mask), **common)
+        return out
 
     def positions_needed(self, source_length: int, target_length: int) -> int:
         prefix = 1 if source_length == 0 else source_length + 2

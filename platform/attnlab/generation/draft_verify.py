@@ -43,6 +43,21 @@ Drafter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 DRAFT_SPAN = 3
 
 
+def replayed_drafts(truth: torch.Tensor, kept: bool, vocab: int, mask_id: int) -> Drafter:
+    """A drafter that replays the AR view's own greedy tokens `truth` (rows, enough tokens to reach
+    past each row's budget): every draft kept, or, with `kept` False, a token next to each (never
+    the mask), so no draft is. The bench times draft-and-verify's fastest and slowest cases with
+    it: untrained weights draft nothing a trained model would."""
+    def draft(drafts: torch.Tensor, rows: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        at = (start[:, None] + torch.arange(drafts.shape[1], device=drafts.device)).clamp(max=truth.shape[1] - 1)
+        right = truth.to(drafts.device)[rows[:, None], at]
+        if kept:
+            return right
+        wrong = (right + 1) % vocab
+        return torch.where(wrong == mask_id, (right + 2) % vocab, wrong)
+    return draft
+
+
 @dataclass
 class DraftStats:
     """What a decoding's drafts did, by draft position 1 .. n - 1 after the AR view's token:
