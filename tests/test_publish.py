@@ -144,7 +144,8 @@ def _t_p(a: list[float], b: list[float]) -> float:
 def test_every_mark_on_a_committed_results_page_holds_over_seeds():
     """Recomputed from each committed page's JSON, independently of attnlab's tests: Student's paired t
     (scipy) on the per-seed values of the seeds a row shares with its reference (3 or more), Holm over
-    one hypothesis per row and metric family (nll with bpb, whose p is the larger). A cell carries `*`
+    one hypothesis per row, evaluation and metric family (nll with bpb, whose p is the larger); a
+    column the reference has no value in (the main job's verify) is not tested. A cell carries `*`
     exactly where that p is below 0.05; the compute frontier's differences likewise."""
     results = Path(__file__).parents[1] / "docs" / "results"
     family = {"nll": "likelihood", "bpb": "likelihood"}
@@ -164,13 +165,13 @@ def test_every_mark_on_a_committed_results_page_holds_over_seeds():
                 theirs = dict(zip(reference["seeds"], reference[column["header"]]["values"]))
                 shared = [s for s in row["seeds"] if mine.get(s) is not None and theirs.get(s) is not None]
                 if len(shared) >= 3 and row.get("tuned") == reference.get("tuned"):
-                    key = (row["run"], family.get(column["metric"], column["metric"]))
+                    key = (row["run"], column.get("evaluation"), family.get(column["metric"], column["metric"]))
                     raw[key] = max(raw.get(key, 0.0), _t_p([mine[s] for s in shared], [theirs[s] for s in shared]))
         adjusted = _holm(raw)
         marked, daggers = _marked_cells(report["markdown"]["table"]), _marked_cells(report["markdown"]["table"], "†")
         for column in (c for c in report["columns"] if c.get("metric")):
             for name in rows:
-                p = adjusted.get((name, family.get(column["metric"], column["metric"])))
+                p = adjusted.get((name, column.get("evaluation"), family.get(column["metric"], column["metric"])))
                 assert marked[name, column["header"]] == (p is not None and p < 0.05), (path.name, name, column["header"], p)
                 cell = rows[name].get(column["header"]) or {}  # `†`: one shared seed, tested on its examples
                 assert daggers[name, column["header"]] == (cell.get("test") == "examples" and cell["shared"] == 1
