@@ -185,7 +185,6 @@ def draft_and_verify(
     compact = compact and sampling.temperature == 0.0 and not compiled
     out = torch.full((rows, longest + 2 * n), pad_id, dtype=torch.long, device=device)
     live = torch.arange(rows, device=device)  # the original row of each row in the batch
-    row_calls = 0
     checked_sum = agreed_sum = torch.zeros(n - 1, dtype=torch.long, device=device)
 
     # The prompt's call drafts only: the AR view's first token, and a block after it.
@@ -220,8 +219,8 @@ def draft_and_verify(
         drafted_from = next_from
         # A finished row's call wrote nothing (its tokens were not valid); the others keep m + 1 keys.
         state.retract(torch.where(active, n_clean - 1 - kept, 0))
-        out[live[:, None], length[:, None] + torch.arange(width, device=device)] = emitted  # past the real: cut later
         place = torch.arange(width, device=device)
+        out[live[:, None], length[:, None] + place] = emitted  # past the real: cut later
         is_eos = emitted == eos_id
         # Draft i lands at place i of `emitted`: it counts while the row has neither ended nor run out.
         counts = active[:, None] & ((is_eos.long().cumsum(1) - is_eos.long()) == 0) \
