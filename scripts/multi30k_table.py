@@ -60,7 +60,7 @@ def _table(root: Path, folders: list[Path], baseline: Path) -> list[str]:
     by_decoding = defaultdict(set)  # the same decoding at several batch sizes should give the same outputs
     for f in outputs:
         by_decoding[_decoding(f)].add(tuple(outputs[f]))
-    lines = ["| evaluation | training | BLEU | p | chrF | p | calls/token | k | p1 | tok/s | same outputs at every batch |",
+    lines = ["| evaluation | training | BLEU | p | chrF | p | calls/token | k | p (drafts) | tok/s | same outputs at every batch |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in folders:
         name = str(f.relative_to(root))
@@ -69,13 +69,35 @@ def _table(root: Path, folders: list[Path], baseline: Path) -> list[str]:
         cells = [_training(_fit_folder(root, f)), f"{row.get('test/bleu', float('nan')):.2f}", _p(p["bleu"].get(name)),
                  f"{row.get('test/chrf', float('nan')):.2f}", _p(p["chrf"].get(name)),
                  f"{row.get('test/nfe_per_token', float('nan')):.2f}", _number(row.get("test/tokens_per_call")),
-                 _number(row.get("test/draft_p1")), f"{row.get('test/gen_tokens_per_s', float('nan')):,.0f}",
+                 _number(row.get("test/draft_p")), f"{row.get('test/gen_tokens_per_s', float('nan')):,.0f}",
                  "yes" if same else "NO"]
         lines.append(f"| {name}{' (baseline)' if f == baseline else ''} | " + " | ".join(cells) + " |")
     lines += ["", "p: sacreBLEU's paired bootstrap (1,000 resamples) against the baseline; 1 where the outputs are "
               "the baseline's own. training: Lightning's training time (a converted model's includes the AR "
-              "epochs it started from) and optimizer steps. k and p1 (draft-and-verify rows): tokens per call "
-              "of a row, and the share of first drafts after the AR view's token that it agreed with."]
+              "epochs it started from) and optimizer steps. k and p (draft-and-verify rows): tokens per call "
+              "of a row, and the share of the drafts a call reached (every draft before them agreed) that the "
+              "AR view agreed with."]
+    return lines + _draft_positions(root, folders, outputs)
+
+
+def _draft_positions(root: Path, folders: list[Path], outputs: dict[Path, list[str]]) -> list[str]:
+    """p by draft position for the draft-and-verify evaluations, and whether they all decoded the same
+    text: greedy draft-and-verify is the AR view's greedy decoding whatever the drafts and the batch."""
+    rows = [f for f in folders if "test/tokens_per_call" in _metrics(f)]
+    if not rows:
+        return []
+    width = max(int(name.removeprefix("test/draft_p")) for f in rows for name in _metrics(f)
+                if re.fullmatch(r"test/draft_p\d+", name))
+    lines = ["", "p by draft position (draft i: the i-th token after the AR view's own; — where no call reached it):", "",
+             "| evaluation | k | " + " | ".join(f"p{i}" for i in range(1, width + 1)) + " |",
+             "|---|---|" + "---|" * width]
+    for f in rows:
+        row = _metrics(f)
+        cells = [_number(row.get(f"test/draft_p{i}")) for i in range(1, width + 1)]
+        lines.append(f"| {f.relative_to(root)} | {_number(row.get('test/tokens_per_call'))} | " + " | ".join(cells) + " |")
+    texts = {tuple(outputs[f]) for f in rows if f in outputs}
+    lines += ["", f"Every draft-and-verify evaluation decoded the same text (block size and batch aside): "
+              f"{'yes' if len(texts) == 1 else 'NO'}."]
     return lines
 
 

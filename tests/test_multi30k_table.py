@@ -39,11 +39,13 @@ def test_draft_and_verify_needs_ar_quality_and_one_and_a_half_times_its_speed(bl
     assert f"k {k:.2f}, b / a {k / (tokens_per_s / 300.0):.2f}" in text
 
 
-def _evaluation(root, name, bleu, tokens_per_s, calls, hypotheses, fit):
+def _evaluation(root, name, bleu, tokens_per_s, calls, hypotheses, fit, **more):
     folder = root / name
     folder.mkdir(parents=True)
-    (folder / "metrics.csv").write_text("test/bleu,test/chrf,test/gen_tokens_per_s,test/nfe_per_token\n"
-                                        f"{bleu},50.0,{tokens_per_s},{calls}\n")
+    more = {f"test/{key}": value for key, value in more.items()}
+    (folder / "metrics.csv").write_text(",".join(["test/bleu", "test/chrf", "test/gen_tokens_per_s", "test/nfe_per_token",
+                                                  *more]) + "\n" + ",".join(map(str, [bleu, 50.0, tokens_per_s, calls,
+                                                                                     *more.values()])) + "\n")
     (folder / "examples.jsonl").write_text("".join(json.dumps({"reference": r, "hypothesis": h}) + "\n"
                                                    for r, h in zip(REFERENCES, hypotheses)))
     (folder / "config.yaml").write_text(f"ckpt_path: {fit / 'checkpoints' / 'x.ckpt'}\n")
@@ -66,6 +68,11 @@ def test_the_page_block_is_replaced_with_the_table_and_the_verdict(tmp_path):
         _evaluation(root, f"decoder_only/budget-greedy@b{batch}", 34.0, 300.0, 1.0, REFERENCES, ar_fit)
         _evaluation(root, f"block_diffusion_from_ar/epoch7-steps=2@b{batch}", 32.0, 650.0, 0.5, worse, bd_fit)
         _evaluation(root, f"block_diffusion_from_ar/epoch7-steps=4@b{batch}", 33.5, 280.0, 1.0, worse, bd_fit)
+    # Draft-and-verify: blocks of 4 at batch 1 and 64 decode the same text; blocks of 8 another (a bug's sign).
+    drafts = {"tokens_per_call": 1.5, "draft_p": 0.4, "draft_p1": 0.45, "draft_p2": 0.3, "draft_p3": 0.2}
+    for batch in (1, 64):
+        _evaluation(root, f"block_diffusion_from_ar/epoch7-verify@b{batch}", 33.8, 420.0, 0.67, REFERENCES, bd_fit,
+                    **drafts)
     page = tmp_path / "page.md"
     page.write_text(f"# title\n\n{multi30k_table.MARKERS[0]}\n{multi30k_table.MARKERS[1]}\n\nafter\n")
     multi30k_table.main(root, "decoder_only/*greedy@b64", page)  # an empty block
@@ -79,6 +86,17 @@ def test_the_page_block_is_replaced_with_the_table_and_the_verdict(tmp_path):
     assert "block_diffusion_from_ar/epoch7-steps=2@b1: 2.00 BLEU below" in text and "2.17×" in text
     assert "epoch7-steps=4@b1" in text and "0.93× its tokens/s (goal ≥ 2×) ✗" in text
     assert "**The goal is met** by 1 of the 2 block-diffusion decodings at batch 1." in text
+    assert "| block_diffusion_from_ar/epoch7-verify@b1 | 1.50 | 0.45 | 0.30 | 0.20 |" in text  # p by position
+    assert "epoch7-verify@b1 against decoder_only/budget-greedy@b1: 0.20 BLEU below (goal ≤ 1), 1.40× its " \
+        "tokens/s (goal ≥ 1.5×) ✗; k 1.50, b / a 1.07" in text
+    assert "decoded the same text (block size and batch aside): yes" in text
+
+    _evaluation(root, "block_diffusion_from_ar/epoch7-verify-block8@b1", 33.0, 420.0, 0.67, worse, bd_fit,
+                **drafts, draft_p4=0.1, draft_p5=0.0, draft_p6=0.0, draft_p7=0.0)
+    multi30k_table.main(root, "decoder_only/*greedy@b64", page)
+    text = page.read_text()
+    assert "| block_diffusion_from_ar/epoch7-verify@b1 | 1.50 | 0.45 | 0.30 | 0.20 | — | — | — | — |" in text
+    assert "decoded the same text (block size and batch aside): NO" in text
 
 
 def test_a_page_without_the_markers_is_refused_and_left_as_it_was(tmp_path):
