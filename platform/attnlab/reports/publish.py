@@ -127,7 +127,7 @@ def remark(page: Path) -> Path:
               if isinstance(row.get(c.header), dict) and row[c.header].get("test") == "examples"}
     header_of = {(c.evaluation, c.metric): c.header for c in columns if c.tested}
 
-    def stored_test(evaluation, metric, row, reference, seed):  # one shared seed: the saved example-level p
+    def stored_test(evaluation, metric, row, reference, seed, reference_evaluation=None):  # one shared seed: the saved p
         entry = stored.get((row, header_of[evaluation, metric]))
         return (entry["p_raw"], entry["why"]) if entry else "no per-example values in the page's JSON"
 

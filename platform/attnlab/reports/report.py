@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from attnlab.errors import AttnlabError
+from attnlab.families.metric_keys import LIKELIHOOD_METRICS
 from attnlab.reports.provenance import context, read_sweep_record
 from attnlab.reports.runs import RunRecord, collect_runs
 from attnlab.reports.significance import adjust, compare_columns, example_p, store_comparisons
@@ -88,11 +91,13 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
     for evaluation in evaluations:
         checkpoints = {r.checkpoints.get(evaluation, "best") for r in records if evaluation in r.evaluations}
         which = checkpoints.pop() if len(checkpoints) == 1 else "/".join(sorted(checkpoints))
+        redecoded = evaluation != "test" and decodes_the_test_data(records, evaluation)
         for name in QUALITY:
             key = f"test/{name}"
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
+                against = "test" if redecoded and name not in LIKELIHOOD_METRICS else None
                 columns.append(Column(f"{evaluation} {name} ({which})", quality_format(name), True, name, evaluation,
-                                      value=lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k)))
+                                      against, value=lambda r, e=evaluation, k=key: r.evaluations.get(e, {}).get(k)))
         for name, header in DRAFT_STATS.items():  # what draft-and-verify's drafts bought (described, not tested)
             key = f"test/{name}"
             if any(key in r.evaluations.get(evaluation, {}) for r in records):
@@ -108,6 +113,26 @@ def build_columns(records: list[RunRecord]) -> list[Column]:
     columns.append(Column("gen tok/s", "thousands", True, value=RunRecord.gen_tokens_per_s))
     columns.append(Column("fit wall", "minutes", True, value=lambda r: r.summary.get("fit_seconds")))
     return columns
+
+
+def decodes_the_test_data(records: list[RunRecord], evaluation: str) -> bool:
+    """Whether every run's `evaluation` tested the data its `test` did (the config's `data` alike but for
+    the eval batch size): another decoding of the same sentences, whose generation quality a reference
+    row without it is tested on in its `test` evaluation. Its likelihood is the test's own: not
+    tested twice."""
+    def data(folder) -> dict | None:
+        config = folder / "config.yaml"
+        if not config.is_file():
+            return None
+        section = (yaml.safe_load(config.read_text()) or {}).get("data")
+        if isinstance(section, dict) and isinstance(section.get("init_args"), dict):
+            section = {**section, "init_args": {k: v for k, v in section["init_args"].items() if k != "eval_batch_size"}}
+        return section
+
+    pairs = [(r.evaluation_dirs.get(evaluation), r.evaluation_dirs.get("test")) for r in records
+             if evaluation in r.evaluation_dirs]
+    return bool(pairs) and all(None not in pair and data(pair[0]) is not None and data(pair[0]) == data(pair[1])
+                               for pair in pairs)
 
 
 def spent_share(record: RunRecord) -> float | None:
@@ -156,8 +181,9 @@ def records_example_test(points: list[Point]):
     """The example-level test of two rows on one shared seed, from the examples.jsonl its evaluation saved."""
     by_name = {p.name: p for p in points}
 
-    def run(evaluation: str, metric: str, row: str, reference: str, seed):
-        mine, theirs = (next(r for r in by_name[n].records if r.seed == seed).examples(evaluation) for n in (row, reference))
+    def run(evaluation: str, metric: str, row: str, reference: str, seed, reference_evaluation: str | None = None):
+        mine, theirs = (next(r for r in by_name[n].records if r.seed == seed).examples(e)
+                        for n, e in ((row, evaluation), (reference, reference_evaluation or evaluation)))
         if not mine or not theirs:
             return "no per-example values (examples.jsonl)"
         return example_p(metric, mine, theirs)

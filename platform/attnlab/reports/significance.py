@@ -170,18 +170,36 @@ def adjust(columns: list[tuple[str, str, dict[str, Comparison]]]) -> dict[str, i
 CELL = ("values", "mean", "std", "n", "ci95")  # what a numeric cell holds besides its comparison
 
 
+def fallback_column(column, columns: list):
+    """The column a reference row without `column` is tested in instead (its `against` evaluation's
+    column of the same metric), or None."""
+    if column.against is None:
+        return None
+    return next((c for c in columns if c.tested and c.evaluation == column.against and c.metric == column.metric), None)
+
+
 def compare_columns(rows: list[dict], columns, example_test=None) -> list[tuple[str, str, dict]]:
     """Each tested column's comparisons (`columns`: tables.ColumnMeta), every row of report.json's
     `rows` against its reference on the per-seed values, put into the rows' cells (raw p until
     `adjust`, JSON once `store_comparisons` ran): (evaluation, metric, row -> Comparison) per column.
-    `example_test(evaluation, metric, row, reference, seed)`: the one-shared-seed test, or None."""
+    `example_test(evaluation, metric, row, reference, seed, reference_evaluation=)`: the one-shared-seed
+    test (the reference's examples from `reference_evaluation`), or None."""
     table = [Row(r["run"], r["seeds"], r.get("reference"), r.get("tuned")) for r in rows]
     out = []
     for column in (c for c in columns if c.tested):
         values = {r["run"]: r[column.header]["values"] for r in rows if isinstance(r.get(column.header), dict)}
-        test = (lambda metric, row, ref, seed, e=column.evaluation: example_test(e, metric, row, ref, seed)) \
-            if example_test else None
-        comparisons = compare(table, values, column.metric, test)
+        holders = {name for name, per_seed in values.items() if any(v is not None for v in per_seed)}
+        stand_in = fallback_column(column, columns)
+        if stand_in is not None:  # a reference without this decoding is tested in its `against` evaluation
+            values.update({r["run"]: r[stand_in.header]["values"] for r in rows
+                           if r["run"] not in holders and isinstance(r.get(stand_in.header), dict)})
+
+        def test(metric, row, ref, seed, e=column.evaluation):
+            return example_test(e, metric, row, ref, seed,
+                                reference_evaluation=e if ref in holders else column.against)
+
+        comparisons = {name: c for name, c in compare(table, values, column.metric,
+                                                      test if example_test else None).items() if name in holders}
         for row in rows:
             if isinstance(row.get(column.header), dict):  # a page's earlier comparison fields go
                 row[column.header] = {k: v for k, v in row[column.header].items() if k in CELL}

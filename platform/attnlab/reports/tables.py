@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from attnlab.reports.significance import MARKS, Comparison
+from attnlab.reports.significance import MARKS, Comparison, fallback_column
 from attnlab.reports.stats import ALPHA, MIN_SEEDS, POWER
 from attnlab.families.metric_keys import LIKELIHOOD_METRICS
 
@@ -51,13 +51,16 @@ def quality_format(metric: str) -> str:
 @dataclass
 class ColumnMeta:
     """A column as report.json keeps it: its header, how its numbers print, whether it is averaged
-    over seeds, and for an evaluation column its metric and evaluation (what the tests compare)."""
+    over seeds, and for an evaluation column its metric and evaluation (what the tests compare).
+    `against`: for another decoding of the test data (the main job's `verify`), the evaluation of a
+    reference row that has none of this one to test it against instead (`test`)."""
 
     header: str
     format: str = "text"
     numeric: bool = False
     metric: str | None = None
     evaluation: str | None = None
+    against: str | None = None
 
     def fmt(self, value) -> str:
         return FORMATS[self.format](value)
@@ -221,6 +224,10 @@ def significance_words(columns: list[ColumnMeta], rows: list[dict], counts: dict
                 groups[kind].append(describe(column, row["run"], c))
             mean = (ref.get(column.header) or {}).get("mean")
             head = f"- **{column.header}**, reference {reference} ({'—' if mean is None else column.fmt(mean)})"
+            stand_in = fallback_column(column, columns)
+            if mean is None and stand_in is not None and (ref.get(stand_in.header) or {}).get("mean") is not None:
+                head = (f"- **{column.header}**, reference {reference}'s {stand_in.header} "
+                        f"({column.fmt(ref[stand_in.header]['mean'])})")
             parts = []
             for key, label in (("different", "significantly different"), ("same", "not significantly different"),
                                ("examples", "on one seed's examples"), ("untested", "not tested")):
