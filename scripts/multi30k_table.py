@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.reports.provenance import measured_on
+from attnlab.reports.publish import replace_generated
 from attnlab.reports.runs import last_values, read_metrics
 from attnlab.reports.stats import sacrebleu_paired_p
 from attnlab.training.examples_file import read_examples
@@ -35,7 +36,6 @@ GOAL_CALLS_PER_TOKEN = 0.5  # two calls or fewer per block of 4
 # Issue 47's bar for draft-and-verify, against DecoderOnly greedy at the same batch.
 VERIFY_BLEU_GAP = 1.0
 VERIFY_SPEEDUP = 1.5
-MARKERS = ("<!-- generated: multi30k_table -->", "<!-- /generated -->")
 
 
 def main(root: Path, baseline_glob: str, page: Path | None = None) -> None:
@@ -48,7 +48,7 @@ def main(root: Path, baseline_glob: str, page: Path | None = None) -> None:
                           *_goal(root, folders, baselines[0]), "", *_verify_goal(root, folders, baselines[0])])
     print(markdown)
     if page is not None:
-        _replace_generated(page, markdown)
+        replace_generated(page, "multi30k_table", markdown)
 
 
 def _table(root: Path, folders: list[Path], baseline: Path) -> list[str]:
@@ -227,15 +227,6 @@ def _decoding(folder: Path) -> tuple[Path, str]:
 
 def _p(value: float | None) -> str:
     return "—" if value is None else f"{value:.4f}"
-
-
-def _replace_generated(page: Path, markdown: str) -> None:
-    text = page.read_text(encoding="utf-8")
-    block = re.compile(re.escape(MARKERS[0]) + r"\n(?:.*?\n)?" + re.escape(MARKERS[1]), re.S)
-    if not block.search(text):
-        raise SystemExit(f"error: {page} has no {MARKERS[0]} ... {MARKERS[1]} block to replace: add the two "
-                         "markers where the table belongs")
-    page.write_text(block.sub(lambda m: f"{MARKERS[0]}\n{markdown}\n{MARKERS[1]}", text), encoding="utf-8")
 
 
 if __name__ == "__main__":

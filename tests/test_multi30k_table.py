@@ -8,6 +8,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import multi30k_table  # noqa: E402
+from attnlab.reports.publish import replace_generated  # noqa: E402
 
 AR = {"test/bleu": 34.0, "test/gen_tokens_per_s": 300.0, "test/nfe_per_token": 1.0}
 
@@ -74,7 +75,7 @@ def test_the_page_block_is_replaced_with_the_table_and_the_verdict(tmp_path):
         _evaluation(root, f"block_diffusion_from_ar/epoch7-verify@b{batch}", 33.8, 420.0, 0.67, REFERENCES, bd_fit,
                     **drafts)
     page = tmp_path / "page.md"
-    page.write_text(f"# title\n\n{multi30k_table.MARKERS[0]}\n{multi30k_table.MARKERS[1]}\n\nafter\n")
+    page.write_text("# title\n\n<!-- generated: multi30k_table -->\n<!-- /generated -->\n\nafter\n")
     multi30k_table.main(root, "decoder_only/*greedy@b64", page)  # an empty block
     page.write_text(page.read_text().replace("p: sacreBLEU", "old numbers"))
     multi30k_table.main(root, "decoder_only/*greedy@b64", page)  # and one holding the last table
@@ -103,5 +104,5 @@ def test_a_page_without_the_markers_is_refused_and_left_as_it_was(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# no block here\n")
     with pytest.raises(SystemExit, match="has no <!-- generated: multi30k_table -->"):
-        multi30k_table._replace_generated(page, "table")
+        replace_generated(page, "multi30k_table", "table")
     assert page.read_text() == "# no block here\n"

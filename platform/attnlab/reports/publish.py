@@ -182,3 +182,17 @@ def _upgrade(report: dict) -> None:
         column.header = renamed.get(column.header, column.header)
     report["columns"] = [vars(c) for c in columns]
     report["format"] = 4
+
+
+def replace_generated(page: Path, name: str, markdown: str) -> None:
+    """Put `markdown` between the lines `<!-- generated: NAME -->` and `<!-- /generated -->` of a
+    hand-written results page (a script's table), so its numbers are never typed by hand; a page
+    without them is refused and left as it was."""
+    start, end = f"<!-- generated: {name} -->", "<!-- /generated -->"
+    text = page.read_text(encoding="utf-8")
+    block = re.compile(re.escape(start) + r"\n(?:.*?\n)?" + re.escape(end), re.S)
+    if not block.search(text):
+        raise SystemExit(f"error: {page} has no {start} ... {end} block to replace: add the two markers where "
+                         "the table belongs")
+    page.write_text(block.sub(lambda m: f"{start}\n{markdown}\n{end}", text), encoding="utf-8")
+
