@@ -5,7 +5,7 @@ place after the AR view's own token).
 For every seed of the sweep's `block_diffusion_from_ar` point, its `verify` evaluation is run again
 (`attnlab test` with that evaluation's config.yaml: the same checkpoint, data and batch) with
 `model.init_args.block_size` set to each of BLOCKS: the same weights, trained on blocks of 4,
-drafting longer blocks. Into SWEEP_draft_positions/seed<k>/block<n>/ (beside the sweep folder, whose
+drafting shorter or longer blocks. Into SWEEP_draft_positions/seed<k>/block<n>/ (beside the sweep folder, whose
 report would read them as rows); runs already there are kept.
 The table gives per block size the seeds' mean of test BLEU, k (tokens per call), p over every
 draft reached and p by draft position, and checks that every block size decoded the same text
@@ -96,7 +96,7 @@ def main(sweep: Path, blocks: list[int], page: Path | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", type=Path, help="the main job's sweep folder (runs/compare_families)")
-    parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16], help="draft block sizes (default 4 8 16)")
+    parser.add_argument("--blocks", type=int, nargs="+", default=[2, 4, 8, 16], help="block sizes (default 2 4 8 16)")
     parser.add_argument("--page", type=Path, help="a results page whose generated block to replace")
     args = parser.parse_args()
     main(args.sweep, args.blocks, args.page)

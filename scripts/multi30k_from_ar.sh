@@ -11,8 +11,8 @@
 #   3. Both are tested on test2016 at eval batch 1 and 64: DecoderOnly greedy (and beam 4, the README's
 #      earlier row), the converted model (shifted, causal context: see its config) with 4 and 2 steps
 #      per block of 4 and with threshold decoding; at batch 1, 16 and 64, DecoderOnly greedy and the
-#      converted model by draft-and-verify (generation.verify; at batch 1 also with drafts of 8 and 16
-#      tokens), all eager.
+#      converted model by draft-and-verify (generation.verify; at batch 1 also with blocks of 2, 8 and
+#      16), all eager.
 #   4. With `scratch` as third argument: BlockDiffusion from scratch (experiments/multi30k/block_diffusion.yaml)
 #      for the same budget B, tested the same way.
 #   5. The table (scripts/multi30k_table.py): every evaluation with sacreBLEU's paired bootstrap
@@ -82,7 +82,7 @@ evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 and 2 steps pe
     for B in 1 16 64; do
       evaluate "$1" "$2" "$3" "$4-verify@b$B" --data.init_args.eval_batch_size $B --model.init_args.generation.verify true
     done
-    for N in 8 16; do  # drafts of 8 and 16 tokens from the same model (trained on blocks of 4): p by position
+    for N in 2 8 16; do  # blocks of 2, 8 and 16 from the same model (trained on blocks of 4): p by position
       evaluate "$1" "$2" "$3" "$4-verify-block$N@b1" --data.init_args.eval_batch_size 1 \
         --model.init_args.generation.verify true --model.init_args.block_size $N
     done
