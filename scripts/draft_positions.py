@@ -46,7 +46,8 @@ def decode(verify: Path, out: Path, block: int) -> Path:
     if (folder / "metrics.csv").is_file():
         return folder
     command = [sys.executable, "-m", "attnlab", "test", "--config", str(verify / "config.yaml"),
-               "--model.init_args.block_size", str(block), "--run.root", str(out.parent),
+               "--model.init_args.block_size", str(block), "--model.init_args.denoising_steps", "null",
+               "--run.root", str(out.parent),
                "--run.name", f"{out.name}/{verify.parent.name}", "--run.version", f"block{block}",
                "--run.wandb", "disabled"]
     print(" ".join(command), flush=True)

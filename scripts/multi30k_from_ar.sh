@@ -84,7 +84,7 @@ evaluate_bd() {  # config checkpoint run_folder version_prefix: 4 and 2 steps pe
     done
     for N in 2 8 16; do  # blocks of 2, 8 and 16 from the same model (trained on blocks of 4): p by position
       evaluate "$1" "$2" "$3" "$4-verify-block$N@b1" --data.init_args.eval_batch_size 1 \
-        --model.init_args.generation.verify true --model.init_args.block_size $N
+        --model.init_args.generation.verify true --model.init_args.block_size $N --model.init_args.denoising_steps null
     done
   fi
   for B in 1 64; do
