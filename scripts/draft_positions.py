@@ -55,10 +55,15 @@ def decode(verify: Path, out: Path, block: int) -> Path:
     return folder
 
 
+def draft_width(metrics) -> int:
+    """The last draft position (`test/draft_p<i>`) any of these evaluations' metrics logged."""
+    return max(int(key.removeprefix("test/draft_p")) for m in metrics for key in m
+               if re.fullmatch(r"test/draft_p\d+", key))
+
+
 def table(folders: dict[int, list[Path]]) -> list[str]:
     metrics = {b: [last_values(read_metrics(f / "metrics.csv")) for f in fs] for b, fs in folders.items()}
-    width = max(int(k.removeprefix("test/draft_p")) for ms in metrics.values() for m in ms for k in m
-                if re.fullmatch(r"test/draft_p\d+", k))
+    width = draft_width(m for ms in metrics.values() for m in ms)
     lines = ["| drafts (block size) | seeds | test BLEU | k (tokens/call) | p (all drafts) | "
              + " | ".join(f"p{i}" for i in range(1, width + 1)) + " |", "|---|---|---|---|---|" + "---|" * width]
     for block, ms in metrics.items():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import yaml
 
 from attnlab.reports.provenance import measured_on
 from attnlab.reports.publish import replace_generated
+from draft_positions import draft_width
 from attnlab.reports.runs import last_values, read_metrics
 from attnlab.reports.stats import sacrebleu_paired_p
 from attnlab.training.examples_file import read_examples
@@ -86,8 +86,7 @@ def _draft_positions(root: Path, folders: list[Path], outputs: dict[Path, list[s
     rows = [f for f in folders if "test/tokens_per_call" in _metrics(f)]
     if not rows:
         return []
-    width = max(int(name.removeprefix("test/draft_p")) for f in rows for name in _metrics(f)
-                if re.fullmatch(r"test/draft_p\d+", name))
+    width = draft_width(_metrics(f) for f in rows)
     lines = ["", "p by draft position (draft i: the i-th token after the AR view's own; — where no call reached it):", "",
              "| evaluation | k | " + " | ".join(f"p{i}" for i in range(1, width + 1)) + " |",
              "|---|---|" + "---|" * width]

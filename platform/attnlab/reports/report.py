@@ -131,7 +131,7 @@ def decodes_the_test_data(records: list[RunRecord], evaluation: str) -> bool:
 
     pairs = [(r.evaluation_dirs.get(evaluation), r.evaluation_dirs.get("test")) for r in records
              if evaluation in r.evaluation_dirs]
-    return bool(pairs) and all(None not in pair and data(pair[0]) is not None and data(pair[0]) == data(pair[1])
+    return bool(pairs) and all(None not in pair and (mine := data(pair[0])) is not None and mine == data(pair[1])
                                for pair in pairs)
 
 
